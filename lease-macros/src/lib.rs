@@ -1,0 +1,1 @@
+//! The `#[singleton]` attribute macro; see the `lease` crate.

@@ -1,0 +1,129 @@
+//! In-process backend for tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::{Backend, Error, Grant};
+
+/// Leases kept in this process's memory, for tests.
+///
+/// Clones share one table, so several [`Lease`](crate::Lease)s built with
+/// [`Lease::with_holder`](crate::Lease::with_holder) on clones of one `Memory`
+/// behave like pods sharing a database. Expiry follows tokio's clock, so tests
+/// under `#[tokio::test(start_paused = true)]` can jump over a ttl instantly.
+/// Fencing tokens count up per name from 1, as in the table backends.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lease::{backend::Memory, Lease};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// let db = Memory::new();
+/// let pod_a = Lease::with_holder(db.clone(), "pod-a");
+/// let pod_b = Lease::with_holder(db.clone(), "pod-b");
+///
+/// let guard = pod_a.try_acquire("report", Duration::from_secs(30)).await?.expect("free");
+/// assert!(pod_b.try_acquire("report", Duration::from_secs(30)).await?.is_none());
+/// assert_eq!(db.holder("report").as_deref(), Some("pod-a"));
+///
+/// // Simulate losing the lease (an operator, a clock jump, a takeover):
+/// db.expire("report");
+/// guard.token().cancelled().await; // the engine notices at its next renewal
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Memory {
+    rows: Arc<Mutex<HashMap<String, Row>>>,
+}
+
+#[derive(Debug)]
+struct Row {
+    holder: String,
+    expires_at: Instant,
+    fence: u64,
+}
+
+impl Row {
+    fn live(&self, now: Instant) -> bool {
+        self.expires_at > now
+    }
+}
+
+impl Memory {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The holder of an unexpired lease on `name`, if any.
+    pub fn holder(&self, name: &str) -> Option<String> {
+        let now = Instant::now();
+        self.rows().get(name).filter(|r| r.live(now)).map(|r| r.holder.clone())
+    }
+
+    /// The last fencing token handed out for `name` (0 if never acquired).
+    pub fn fence(&self, name: &str) -> u64 {
+        self.rows().get(name).map_or(0, |r| r.fence)
+    }
+
+    /// Expire the lease on `name` now, whoever holds it, as if its ttl had run
+    /// out; the holder's next renewal reports the loss.
+    pub fn expire(&self, name: &str) {
+        if let Some(row) = self.rows().get_mut(name) {
+            row.expires_at = row.expires_at.min(Instant::now());
+        }
+    }
+
+    fn rows(&self) -> MutexGuard<'_, HashMap<String, Row>> {
+        // A panic while holding this lock cannot leave a row half-written, so
+        // a poisoned lock is still consistent.
+        self.rows.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Backend for Memory {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>, Error> {
+        let now = Instant::now();
+        let mut rows = self.rows();
+        let row = rows.entry(name.to_owned()).or_insert_with(|| Row {
+            holder: holder.to_owned(),
+            expires_at: now,
+            fence: 0,
+        });
+        if row.live(now) && row.holder != holder {
+            return Ok(None);
+        }
+        if !(row.live(now) && row.holder == holder) {
+            row.fence += 1;
+            row.holder = holder.to_owned();
+        }
+        row.expires_at = now + ttl;
+        Ok(Some(Grant::new(Some(row.fence))))
+    }
+
+    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        let now = Instant::now();
+        match self.rows().get_mut(name) {
+            Some(row) if row.live(now) && row.holder == holder => {
+                row.expires_at = now + ttl;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        let now = Instant::now();
+        if let Some(row) = self.rows().get_mut(name) {
+            if row.live(now) && row.holder == holder {
+                row.expires_at = now;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,146 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// A `Result` whose error defaults to [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `lease`.
+///
+/// Invalid input has its own variants ([`InvalidName`](Error::InvalidName),
+/// [`InvalidTtl`](Error::InvalidTtl), ...); backend failures keep the driver's
+/// error as their [`source`](std::error::Error::source).
+///
+/// A lease that is *held elsewhere* is not an error: [`Lease::try_acquire`]
+/// returns `Ok(None)` and [`Lease::with_lease`] returns
+/// [`Outcome::Skipped(Skip::HeldElsewhere)`](crate::Skip::HeldElsewhere).
+///
+/// [`Lease::try_acquire`]: crate::Lease::try_acquire
+/// [`Lease::with_lease`]: crate::Lease::with_lease
+/// [`Outcome::Skipped(Skip::HeldElsewhere)`]: crate::Outcome::Skipped
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The lease name is empty or longer than 255 bytes.
+    #[error("invalid lease name ({len} bytes): a name must be 1 to 255 bytes of UTF-8")]
+    InvalidName {
+        /// Length of the rejected name in bytes.
+        len: usize,
+    },
+
+    /// The holder identity is empty or longer than 255 bytes.
+    #[error("invalid holder ({len} bytes): a holder must be 1 to 255 bytes of UTF-8")]
+    InvalidHolder {
+        /// Length of the rejected holder in bytes.
+        len: usize,
+    },
+
+    /// The ttl is outside 10 ms ..= 24 h or is not a whole number of milliseconds.
+    #[error("invalid ttl {ttl:?}: a ttl must be whole milliseconds from 10ms to 24h inclusive")]
+    InvalidTtl {
+        /// The rejected ttl.
+        ttl: Duration,
+    },
+
+    /// A table name that is not `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified.
+    #[error(
+        "invalid table name {table:?}: use an identifier of letters, digits and `_` \
+         (not starting with a digit), optionally qualified as `schema.table`"
+    )]
+    InvalidTable {
+        /// The rejected table name.
+        table: String,
+    },
+
+    /// A Redis key prefix that is too long (more than 64 bytes).
+    #[error("invalid key prefix ({len} bytes): a prefix must be at most 64 bytes")]
+    InvalidPrefix {
+        /// Length of the rejected prefix in bytes.
+        len: usize,
+    },
+
+    /// [`set_global_default`](crate::set_global_default) was called a second time.
+    #[error("a global default lease is already set; set_global_default may be called once per process")]
+    GlobalDefaultAlreadySet,
+
+    /// A backend call did not answer in time.
+    #[error("{operation} timed out after {after:?}")]
+    Timeout {
+        /// The operation that timed out (`"acquire"`, `"renew"`, `"release"`, ...).
+        operation: &'static str,
+        /// How long it was given.
+        after: Duration,
+    },
+
+    /// The backend task ended before it answered (for example its runtime shut down).
+    #[error("the lease engine's background task ended before answering")]
+    EngineGone,
+
+    /// A SQL backend (`PgTable`, `PgAdvisory`, `MySqlTable`, `SqliteTable`) failed.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+    #[error("database error")]
+    Database(#[source] sqlx::Error),
+
+    /// The `Redis` backend failed to run a command.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[error("redis error")]
+    Redis(#[source] redis::RedisError),
+
+    /// The `Redis` backend could not get a connection from its pool.
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[error("redis pool error")]
+    RedisPool(#[source] deadpool_redis::PoolError),
+
+    /// A backend returned something the lease protocol does not allow
+    /// (for example a negative fencing token).
+    #[error("backend protocol violation: {0}")]
+    Protocol(String),
+
+    /// A failure of a third-party [`Backend`](crate::Backend).
+    #[error("backend error")]
+    Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl Error {
+    /// Wraps the error of a third-party [`Backend`](crate::Backend).
+    pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
+        Self::Backend(error.into())
+    }
+
+    /// True for errors caused by the caller's input (name, holder, ttl, table,
+    /// prefix) rather than by the backend: retrying will not help.
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidName { .. }
+                | Self::InvalidHolder { .. }
+                | Self::InvalidTtl { .. }
+                | Self::InvalidTable { .. }
+                | Self::InvalidPrefix { .. }
+        )
+    }
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<redis::RedisError> for Error {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(e)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<deadpool_redis::PoolError> for Error {
+    fn from(e: deadpool_redis::PoolError) -> Self {
+        Self::RedisPool(e)
+    }
+}

@@ -1,0 +1,13 @@
+//! Run a periodic task on exactly one replica at a time.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod backend;
+mod error;
+mod validate;
+
+pub use backend::{Backend, Grant};
+pub use error::{Error, Result};
+pub use tokio_util::sync::CancellationToken;
+pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};

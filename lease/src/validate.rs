@@ -1,0 +1,106 @@
+//! Input rules shared by the engine and the backends (DESIGN §2 "Input rules").
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// Longest lease name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+/// Longest holder identity, in bytes.
+pub const MAX_HOLDER_LEN: usize = 255;
+/// Shortest accepted ttl.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// Longest accepted ttl.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// A name is 1..=255 bytes; its characters are data, never syntax.
+pub(crate) fn name(name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName { len: name.len() });
+    }
+    Ok(())
+}
+
+/// A holder is 1..=255 bytes.
+pub(crate) fn holder(holder: &str) -> Result<(), Error> {
+    if holder.is_empty() || holder.len() > MAX_HOLDER_LEN {
+        return Err(Error::InvalidHolder { len: holder.len() });
+    }
+    Ok(())
+}
+
+/// A ttl is whole milliseconds in `MIN_TTL..=MAX_TTL`.
+pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
+    if ttl < MIN_TTL || ttl > MAX_TTL || ttl.subsec_nanos() % 1_000_000 != 0 {
+        return Err(Error::InvalidTtl { ttl });
+    }
+    Ok(())
+}
+
+/// `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified; at most 63 bytes a part
+/// (PostgreSQL's identifier limit, below MySQL's 64).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn table(table: &str) -> Result<(), Error> {
+    fn ident(part: &str) -> bool {
+        let mut bytes = part.bytes();
+        matches!(bytes.next(), Some(b) if b.is_ascii_alphabetic() || b == b'_')
+            && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && part.len() <= 63
+    }
+    let ok = match table.split_once('.') {
+        Some((schema, name)) => ident(schema) && ident(name),
+        None => ident(table),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidTable { table: table.to_owned() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(name("a").is_ok());
+        assert!(name(&"x".repeat(255)).is_ok());
+        assert!(name("it's 100% {ok} \\ _ 🦀").is_ok());
+        assert!(matches!(name(""), Err(Error::InvalidName { len: 0 })));
+        assert!(matches!(name(&"x".repeat(256)), Err(Error::InvalidName { len: 256 })));
+        // 255 bytes is the limit, not 255 characters.
+        assert!(name(&"é".repeat(128)).is_err());
+    }
+
+    #[test]
+    fn ttls() {
+        assert!(ttl(Duration::from_millis(10)).is_ok());
+        assert!(ttl(Duration::from_secs(86_400)).is_ok());
+        assert!(ttl(Duration::from_millis(9)).is_err());
+        assert!(ttl(Duration::ZERO).is_err());
+        assert!(ttl(Duration::from_secs(86_400) + Duration::from_millis(1)).is_err());
+        assert!(ttl(Duration::from_micros(10_500)).is_err());
+    }
+
+    #[test]
+    fn tables() {
+        for ok in ["task_leases", "_t", "my_schema.leases", "A1.b_2"] {
+            assert!(table(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            "1abc",
+            "leases; drop table x",
+            "a.b.c",
+            ".a",
+            "a.",
+            "a-b",
+            "\"quoted\"",
+            "lé",
+            &"x".repeat(64),
+        ] {
+            assert!(matches!(table(bad), Err(Error::InvalidTable { .. })), "{bad}");
+        }
+    }
+}

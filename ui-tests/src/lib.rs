@@ -1,0 +1,1 @@
+//! trybuild cases for `#[singleton]` live in `tests/ui/`.
