@@ -72,6 +72,10 @@ pub enum Error {
         after: Duration,
     },
 
+    /// No Tokio runtime is running: `lease` renews leases on a Tokio task.
+    #[error("no tokio runtime: lease must be used inside a tokio runtime (with time enabled)")]
+    NoRuntime,
+
     /// The backend task ended before it answered (for example its runtime shut down).
     #[error("the lease engine's background task ended before answering")]
     EngineGone,

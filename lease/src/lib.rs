@@ -4,10 +4,19 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod engine;
 mod error;
+mod global;
+mod guard;
+mod lease;
+mod outcome;
 mod validate;
 
 pub use backend::{Backend, Grant};
 pub use error::{Error, Result};
+pub use global::{global_default, set_global_default};
+pub use guard::LeaseGuard;
+pub use lease::Lease;
+pub use outcome::{Outcome, Skip};
 pub use tokio_util::sync::CancellationToken;
 pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};

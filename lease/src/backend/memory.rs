@@ -22,7 +22,8 @@ use crate::{Backend, Error, Grant};
 /// use std::time::Duration;
 /// use lease::{backend::Memory, Lease};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), lease::Error> {
 /// let db = Memory::new();
 /// let pod_a = Lease::with_holder(db.clone(), "pod-a");
 /// let pod_b = Lease::with_holder(db.clone(), "pod-b");

@@ -1,0 +1,550 @@
+//! The renewal engine: one scheduler per [`Lease`](crate::Lease) that renews
+//! every held lease, cancels tokens on loss, and releases.
+//!
+//! Timing rules (DESIGN §3), for a lease with time-to-live `ttl`:
+//!
+//! - `t_send` is read *before* each acquire/renew request. On success the
+//!   local deadline becomes `t_send + ttl - margin`, `margin = ttl/100 + 2ms`
+//!   (slack for the clock rates of this host and the server). It is never
+//!   computed from the time the reply arrives.
+//! - A renewal is due `ttl/3` after the last successful request was sent. Each
+//!   attempt is given at most `min(ttl/3, deadline - now)`.
+//! - `Ok(false)` (definitely lost): the token is cancelled at once.
+//! - `Err` or timeout: retried after a short backoff; the token is cancelled
+//!   when `now >= deadline`, by the scheduler's own timer, whatever renewal
+//!   calls are still in flight.
+//! - Stopping (release or drop of the guard): renewals stop first, then the
+//!   token is cancelled and the release is sent.
+//!
+//! Leases that fall due close together are renewed in one batch
+//! ([`Backend::renew_many`](crate::Backend::renew_many)): when any lease is
+//! due, every lease that has run at least half of its renewal period is
+//! renewed with it. Renewing early never shortens a lease.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::DynBackend;
+use crate::{Error, Grant};
+
+/// Longest time any single acquire or release call is given, whatever the ttl.
+pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
+
+/// Safety margin subtracted from the ttl for the local deadline: `ttl/100 + 2ms`.
+pub(crate) fn margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long after a successful request the next renewal is sent.
+pub(crate) fn renew_period(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// Time given to an acquire call: it must answer before the lease it asks for
+/// would already be past its local deadline.
+pub(crate) fn acquire_timeout(ttl: Duration) -> Duration {
+    (ttl - margin(ttl)).min(CALL_TIMEOUT_CAP)
+}
+
+/// Time given to a release call; after `ttl` the lease has ended anyway.
+pub(crate) fn release_timeout(ttl: Duration) -> Duration {
+    ttl.min(CALL_TIMEOUT_CAP)
+}
+
+/// Wait before retrying the `failures`-th failed renewal in a row:
+/// `ttl/30` (between 1 ms and 500 ms), doubling per failure, at most `ttl/6`.
+pub(crate) fn retry_delay(ttl: Duration, failures: u32) -> Duration {
+    let base = (ttl / 30).clamp(Duration::from_millis(1), Duration::from_millis(500));
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    base.saturating_mul(factor).min(ttl / 6).max(Duration::from_millis(1))
+}
+
+/// A lease held through one [`Lease`](crate::Lease): shared by its guard and the scheduler.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) name: Arc<str>,
+    pub(crate) ttl: Duration,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) token: CancellationToken,
+    pub(crate) acquired_at: Instant,
+    timing: Mutex<Timing>,
+}
+
+#[derive(Debug)]
+struct Timing {
+    state: State,
+    /// Local deadline: the token is cancelled when `now >= deadline`.
+    deadline: Instant,
+    next_renew: Instant,
+    /// Failed renewals in a row.
+    failures: u32,
+    in_flight: bool,
+    /// Release the lease at this instant unless released earlier (`min_hold`).
+    release_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Renewed by the scheduler.
+    Live,
+    /// Lost (definite loss or deadline passed); the token is cancelled.
+    Lost,
+    /// Stopped by its guard: released or being released.
+    Stopped,
+}
+
+impl Entry {
+    fn timing(&self) -> MutexGuard<'_, Timing> {
+        lock(&self.timing)
+    }
+
+    /// Valid = not lost, not released, and before the local deadline, by the clock now.
+    pub(crate) fn is_valid(&self) -> bool {
+        let t = self.timing();
+        t.state == State::Live && Instant::now() < t.deadline && !self.token.is_cancelled()
+    }
+
+    /// Mark the lease lost and tell its holder.
+    fn lose(&self, t: &mut Timing, holder: &str, why: &str) {
+        if t.state == State::Live {
+            t.state = State::Lost;
+            self.token.cancel();
+            tracing::warn!(
+                lease.name = %self.name,
+                holder,
+                fencing_token = self.fencing_token,
+                "lease lost: {why}"
+            );
+        }
+    }
+}
+
+/// What this `Lease` knows about a name.
+#[derive(Debug)]
+enum Slot {
+    /// An acquire or release is under way.
+    Busy,
+    /// Held: renewed by the scheduler.
+    Held(Arc<Entry>),
+}
+
+#[derive(Debug, Default)]
+struct Names {
+    slots: HashMap<Arc<str>, Slot>,
+    /// A scheduler task is running for this engine.
+    scheduler: bool,
+}
+
+/// The state behind one [`Lease`](crate::Lease) and all its clones.
+pub(crate) struct Engine {
+    pub(crate) backend: Box<dyn DynBackend>,
+    pub(crate) holder: Arc<str>,
+    names: Mutex<Names>,
+    wake: Notify,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("holder", &self.holder).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing panics while these locks are held; if something did, the data
+    // is still consistent (every update is a single assignment).
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Engine {
+    pub(crate) fn new(backend: Box<dyn DynBackend>, holder: Arc<str>) -> Self {
+        Self { backend, holder, names: Mutex::new(Names::default()), wake: Notify::new() }
+    }
+
+    fn names(&self) -> MutexGuard<'_, Names> {
+        lock(&self.names)
+    }
+
+    /// Claim `name` within this `Lease` for an acquisition; `None` if this
+    /// `Lease` already holds it or is acquiring or releasing it.
+    pub(crate) fn reserve(self: &Arc<Self>, name: &str) -> Option<Reservation> {
+        let mut names = self.names();
+        if names.slots.contains_key(name) {
+            return None;
+        }
+        let name: Arc<str> = name.into();
+        names.slots.insert(name.clone(), Slot::Busy);
+        Some(Reservation { engine: self.clone(), name: Some(name) })
+    }
+
+    /// Acquire `name` through the backend, within its timeout. `t_send` is
+    /// taken before the request.
+    pub(crate) async fn acquire(
+        self: &Arc<Self>,
+        reservation: Reservation,
+        ttl: Duration,
+    ) -> Result<Option<Arc<Entry>>, Error> {
+        let name = reservation.name();
+        let limit = acquire_timeout(ttl);
+        let t_send = Instant::now();
+        let grant = match timeout(limit, self.backend.acquire(name, &self.holder, ttl)).await {
+            Ok(Ok(Some(grant))) => grant,
+            Ok(Ok(None)) => return Ok(None),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(Error::Timeout { operation: "acquire", after: limit }),
+        };
+        Ok(Some(self.hold(reservation, ttl, grant, t_send)))
+    }
+
+    /// Turn a reservation into a held lease and hand it to the scheduler.
+    fn hold(self: &Arc<Self>, mut reservation: Reservation, ttl: Duration, grant: Grant, t_send: Instant) -> Arc<Entry> {
+        let name = reservation.name.take().expect("BUG: reservation used twice");
+        let entry = Arc::new(Entry {
+            name: name.clone(),
+            ttl,
+            fencing_token: grant.fencing_token,
+            token: CancellationToken::new(),
+            acquired_at: t_send,
+            timing: Mutex::new(Timing {
+                state: State::Live,
+                deadline: t_send + ttl - margin(ttl),
+                next_renew: t_send + renew_period(ttl),
+                failures: 0,
+                in_flight: false,
+                release_at: None,
+            }),
+        });
+        let start = {
+            let mut names = self.names();
+            names.slots.insert(name, Slot::Held(entry.clone()));
+            !std::mem::replace(&mut names.scheduler, true)
+        };
+        if start {
+            // Never spawn while holding the lock: a runtime that is shutting
+            // down drops the task (and runs its drop guard) inside `spawn`.
+            tokio::spawn(Scheduler::new(self.clone()).run());
+        } else {
+            self.wake.notify_one();
+        }
+        entry
+    }
+
+    /// Stop renewing `entry` and cancel its token; the name stays reserved
+    /// (`Busy`) until [`Engine::forget`]. Returns false if it was already stopped.
+    fn stop(&self, entry: &Arc<Entry>) -> bool {
+        let mut names = self.names();
+        {
+            let mut t = entry.timing();
+            if t.state == State::Stopped {
+                return false;
+            }
+            t.state = State::Stopped;
+        }
+        entry.token.cancel();
+        if let Some(slot) = names.slots.get_mut(&entry.name) {
+            if matches!(slot, Slot::Held(e) if Arc::ptr_eq(e, entry)) {
+                *slot = Slot::Busy;
+            }
+        }
+        drop(names);
+        self.wake.notify_one();
+        true
+    }
+
+    /// Let this `Lease` acquire `name` again.
+    fn forget(&self, name: &str) {
+        let mut names = self.names();
+        if matches!(names.slots.get(name), Some(Slot::Busy)) {
+            names.slots.remove(name);
+        }
+    }
+
+    /// Stop renewing `entry` and release it in a task of its own, which frees
+    /// the name when done even if nobody awaits the returned handle. `None`
+    /// if it was already stopped, or if no runtime is available (the name is
+    /// then freed at once and the lease ends at its ttl).
+    pub(crate) fn release(self: &Arc<Self>, entry: &Arc<Entry>) -> Option<JoinHandle<Result<(), Error>>> {
+        if !self.stop(entry) {
+            return None;
+        }
+        let handle = match tokio::runtime::Handle::try_current() {
+            Ok(handle) => handle,
+            Err(_) => {
+                tracing::debug!(lease.name = %entry.name, "no tokio runtime to release on; the lease ends at its ttl");
+                self.forget(&entry.name);
+                return None;
+            }
+        };
+        let free = Forget { engine: self.clone(), name: entry.name.clone() };
+        let ttl = entry.ttl;
+        Some(handle.spawn(async move {
+            let engine = &free.engine;
+            let limit = release_timeout(ttl);
+            let result = match timeout(limit, engine.backend.release(&free.name, &engine.holder)).await {
+                Ok(r) => r,
+                Err(_) => Err(Error::Timeout { operation: "release", after: limit }),
+            };
+            match &result {
+                Ok(()) => tracing::debug!(lease.name = %free.name, holder = %engine.holder, "lease released"),
+                Err(e) => tracing::warn!(
+                    lease.name = %free.name,
+                    holder = %engine.holder,
+                    error = %e,
+                    "lease release failed; it ends at its ttl"
+                ),
+            }
+            drop(free);
+            result
+        }))
+    }
+
+    /// Keep `entry` (renewing it) until `at`, then release it in the background.
+    pub(crate) fn release_at(&self, entry: &Arc<Entry>, at: Instant) {
+        entry.timing().release_at = Some(at);
+        self.wake.notify_one();
+    }
+}
+
+/// A name claimed by an acquisition in progress; dropping it frees the name.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    engine: Arc<Engine>,
+    name: Option<Arc<str>>,
+}
+
+impl Reservation {
+    fn name(&self) -> &str {
+        self.name.as_deref().expect("BUG: reservation already used")
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(name) = self.name.take() {
+            self.engine.forget(&name);
+        }
+    }
+}
+
+/// Frees a name when dropped: at the end of a release, or when the release
+/// task is dropped by a runtime shutting down.
+struct Forget {
+    engine: Arc<Engine>,
+    name: Arc<str>,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.engine.forget(&self.name);
+    }
+}
+
+/// A batch of renewals sent together, and its result.
+struct Sent {
+    entries: Vec<Arc<Entry>>,
+    t_send: Instant,
+    result: Result<Vec<bool>, Error>,
+}
+
+/// The renewal task of one engine. It runs while the engine holds at least
+/// one live lease, and exits when none is left (a new one starts it again).
+struct Scheduler {
+    engine: Arc<Engine>,
+    /// Set when the loop ends normally; otherwise the task was dropped
+    /// (runtime shutdown) and `Drop` must tell every live holder.
+    finished: bool,
+}
+
+impl Scheduler {
+    fn new(engine: Arc<Engine>) -> Self {
+        Self { engine, finished: false }
+    }
+
+    async fn run(mut self) {
+        let engine = self.engine.clone();
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            let now = Instant::now();
+            let plan = self.plan(now);
+            for entry in &plan.release {
+                engine.release(entry);
+            }
+            if !plan.live {
+                self.finished = true;
+                return;
+            }
+            if !plan.due.is_empty() {
+                in_flight.push(send(engine.clone(), plan.due, now));
+            }
+            tokio::select! {
+                biased;
+                Some(sent) = in_flight.next(), if !in_flight.is_empty() => self.apply(sent),
+                () = sleep_until(plan.wake_at) => {}
+                () = engine.wake.notified() => {}
+            }
+        }
+    }
+
+    /// Look at every held lease: cancel the ones past their deadline, pick
+    /// the ones due for renewal or release, and find the next instant to wake
+    /// up. `plan.live` is false (and the scheduler flag cleared) when no
+    /// lease is left to renew.
+    fn plan(&self, now: Instant) -> Plan {
+        let engine = &self.engine;
+        let mut plan = Plan { live: false, due: Vec::new(), release: Vec::new(), wake_at: now + Duration::from_secs(3600) };
+        let mut live = Vec::new();
+        let mut names = engine.names();
+        for slot in names.slots.values() {
+            let Slot::Held(entry) = slot else { continue };
+            let mut t = entry.timing();
+            if t.state == State::Live && now >= t.deadline {
+                entry.lose(&mut t, &engine.holder, "its deadline passed without a successful renewal");
+            }
+            match (t.state, t.release_at) {
+                // Handed to the scheduler for a delayed release (`min_hold`):
+                // release when due, or at once once lost.
+                (State::Lost, Some(_)) => plan.release.push(entry.clone()),
+                (State::Live, Some(at)) if at <= now => plan.release.push(entry.clone()),
+                (State::Live, _) => live.push(entry.clone()),
+                _ => {}
+            }
+        }
+        if live.is_empty() {
+            names.scheduler = false;
+            return plan;
+        }
+        drop(names);
+        plan.live = true;
+
+        let any_due = live.iter().any(|e| {
+            let t = e.timing();
+            !t.in_flight && t.next_renew <= now
+        });
+        for entry in live {
+            let mut t = entry.timing();
+            if let Some(at) = t.release_at {
+                plan.wake_at = plan.wake_at.min(at);
+            }
+            plan.wake_at = plan.wake_at.min(t.deadline);
+            if t.in_flight {
+                continue;
+            }
+            // Coalesce: with a batch going out anyway, take every lease that
+            // has run half of its renewal period.
+            let early = renew_period(entry.ttl) / 2;
+            if t.next_renew <= now || (any_due && t.failures == 0 && t.next_renew <= now + early) {
+                t.in_flight = true;
+                drop(t);
+                plan.due.push(entry);
+            } else {
+                plan.wake_at = plan.wake_at.min(t.next_renew);
+            }
+        }
+        plan
+    }
+
+    /// Record the outcome of a batch of renewals.
+    fn apply(&self, mut sent: Sent) {
+        let now = Instant::now();
+        let holder = &*self.engine.holder;
+        if let Ok(v) = &sent.result {
+            if v.len() != sent.entries.len() {
+                let msg = format!("renew_many answered {} results for {} leases", v.len(), sent.entries.len());
+                sent.result = Err(Error::Protocol(msg));
+            }
+        }
+        for (i, entry) in sent.entries.iter().enumerate() {
+            let mut t = entry.timing();
+            t.in_flight = false;
+            if t.state != State::Live {
+                continue;
+            }
+            if now >= t.deadline {
+                entry.lose(&mut t, holder, "its deadline passed before a renewal succeeded");
+                continue;
+            }
+            match sent.result.as_ref().map(|v| v[i]) {
+                Ok(true) => {
+                    t.deadline = t.deadline.max(sent.t_send + entry.ttl - margin(entry.ttl));
+                    t.next_renew = sent.t_send + renew_period(entry.ttl);
+                    t.failures = 0;
+                    tracing::trace!(lease.name = %entry.name, holder, "lease renewed");
+                }
+                Ok(false) => {
+                    entry.lose(&mut t, holder, "the backend says it is no longer ours (expired, released or taken over)");
+                }
+                Err(e) => {
+                    t.failures += 1;
+                    let delay = retry_delay(entry.ttl, t.failures);
+                    t.next_renew = now + delay;
+                    tracing::warn!(
+                        lease.name = %entry.name,
+                        holder,
+                        fencing_token = entry.fencing_token,
+                        error = %e,
+                        failures = t.failures,
+                        retry_in = ?delay,
+                        "lease renewal failed; retrying until the deadline"
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // The task was dropped (its runtime is shutting down): nothing will
+        // renew these leases any more, so their holders must stop now.
+        let mut names = self.engine.names();
+        names.scheduler = false;
+        for slot in names.slots.values() {
+            if let Slot::Held(entry) = slot {
+                let mut t = entry.timing();
+                entry.lose(&mut t, &self.engine.holder, "the runtime running its renewals shut down");
+            }
+        }
+    }
+}
+
+struct Plan {
+    live: bool,
+    due: Vec<Arc<Entry>>,
+    release: Vec<Arc<Entry>>,
+    wake_at: Instant,
+}
+
+/// Send one batch of renewals, within `min(ttl/3, deadline - now)` of its tightest lease.
+async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, t_send: Instant) -> Sent {
+    let limit = entries
+        .iter()
+        .map(|e| renew_period(e.ttl).min(e.timing().deadline.saturating_duration_since(t_send)))
+        .min()
+        .unwrap_or_default();
+    let holder = &*engine.holder;
+    let call = async {
+        if let [entry] = entries.as_slice() {
+            engine.backend.renew(&entry.name, holder, entry.ttl).await.map(|ok| vec![ok])
+        } else {
+            let leases: Vec<(&str, Duration)> = entries.iter().map(|e| (&*e.name, e.ttl)).collect();
+            engine.backend.renew_many(holder, &leases).await
+        }
+    };
+    let result = match timeout(limit, call).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout { operation: "renew", after: limit }),
+    };
+    Sent { entries, t_send, result }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,481 @@
+//! Engine timing, under tokio's paused clock, against `Memory` and a scripted backend.
+//!
+//! With ttl = 3 s: renewals every 1 s, margin = 3 s/100 + 2 ms = 32 ms, so a
+//! lease acquired (request sent) at `t0` has its first deadline at
+//! `t0 + 2.968 s`.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::{Instant, sleep, sleep_until};
+
+use crate::backend::Memory;
+use crate::{Backend, Error, Grant, Lease, Outcome, Skip};
+
+const TTL: Duration = Duration::from_secs(3);
+const PERIOD: Duration = Duration::from_secs(1);
+const MARGIN: Duration = Duration::from_millis(32);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// What a scripted renewal does.
+#[derive(Debug, Clone)]
+enum Step {
+    Answer(bool),
+    Fail,
+    Hang,
+    /// Answer after a delay.
+    Slow(Duration, bool),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Call {
+    Acquire(String),
+    Renew(String),
+    RenewMany(Vec<String>),
+    Release(String),
+}
+
+#[derive(Debug, Default)]
+struct Script {
+    renews: VecDeque<Step>,
+    /// What renewals do once `renews` is used up.
+    then: Option<Step>,
+    calls: Vec<(Instant, Call)>,
+    fence: u64,
+}
+
+/// A backend whose acquisitions always succeed and whose renewals follow a script.
+#[derive(Debug, Clone, Default)]
+struct Scripted(Arc<Mutex<Script>>);
+
+impl Scripted {
+    fn new(renews: impl IntoIterator<Item = Step>, then: Step) -> Self {
+        let s = Scripted::default();
+        {
+            let mut script = s.0.lock().unwrap();
+            script.renews = renews.into_iter().collect();
+            script.then = Some(then);
+        }
+        s
+    }
+
+    fn calls(&self) -> Vec<(Instant, Call)> {
+        self.0.lock().unwrap().calls.clone()
+    }
+
+    /// Times of the calls matching `f`, relative to `t0`.
+    fn times(&self, t0: Instant, f: impl Fn(&Call) -> bool) -> Vec<Duration> {
+        self.calls().into_iter().filter(|(_, c)| f(c)).map(|(t, _)| t - t0).collect()
+    }
+
+    fn record(&self, call: Call) {
+        self.0.lock().unwrap().calls.push((Instant::now(), call));
+    }
+
+    fn next_step(&self) -> Step {
+        let mut s = self.0.lock().unwrap();
+        let then = s.then.clone().unwrap_or(Step::Answer(true));
+        s.renews.pop_front().unwrap_or(then)
+    }
+}
+
+async fn run(step: Step) -> Result<bool, Error> {
+    match step {
+        Step::Answer(ok) => Ok(ok),
+        Step::Fail => Err(Error::backend("scripted failure")),
+        Step::Hang => std::future::pending().await,
+        Step::Slow(d, ok) => {
+            sleep(d).await;
+            Ok(ok)
+        }
+    }
+}
+
+impl Backend for Scripted {
+    async fn acquire(&self, name: &str, _holder: &str, _ttl: Duration) -> Result<Option<Grant>, Error> {
+        self.record(Call::Acquire(name.into()));
+        let mut s = self.0.lock().unwrap();
+        s.fence += 1;
+        Ok(Some(Grant::new(Some(s.fence))))
+    }
+
+    async fn renew(&self, name: &str, _holder: &str, _ttl: Duration) -> Result<bool, Error> {
+        self.record(Call::Renew(name.into()));
+        let step = self.next_step();
+        run(step).await
+    }
+
+    async fn release(&self, name: &str, _holder: &str) -> Result<(), Error> {
+        self.record(Call::Release(name.into()));
+        Ok(())
+    }
+
+    async fn renew_many(&self, _holder: &str, leases: &[(&str, Duration)]) -> Result<Vec<bool>, Error> {
+        self.record(Call::RenewMany(leases.iter().map(|(n, _)| n.to_string()).collect()));
+        let step = self.next_step();
+        let ok = run(step).await?;
+        Ok(vec![ok; leases.len()])
+    }
+}
+
+/// Wait for the token and return when it fired, relative to `t0`.
+async fn cancelled_after(guard: &crate::LeaseGuard, t0: Instant) -> Duration {
+    guard.token().cancelled().await;
+    Instant::now() - t0
+}
+
+fn is_renew(c: &Call) -> bool {
+    matches!(c, Call::Renew(_) | Call::RenewMany(_))
+}
+
+#[tokio::test(start_paused = true)]
+async fn renews_every_third_of_the_ttl() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(10_500)).await;
+    assert!(guard.is_valid());
+    assert!(!guard.token().is_cancelled());
+    let expected: Vec<Duration> = (1..=10).map(|i| PERIOD * i).collect();
+    assert_eq!(backend.times(t0, is_renew), expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_lease_survives_many_ttls_and_blocks_others() {
+    let db = Memory::new();
+    let a = Lease::with_holder(db.clone(), "a");
+    let b = Lease::with_holder(db.clone(), "b");
+    let guard = a.try_acquire("job", TTL).await.unwrap().unwrap();
+    for _ in 0..10 {
+        sleep(TTL).await;
+        assert!(b.try_acquire("job", TTL).await.unwrap().is_none());
+    }
+    assert!(guard.is_valid());
+    assert_eq!(db.holder("job").as_deref(), Some("a"));
+    guard.release().await.unwrap();
+    assert_eq!(db.holder("job"), None);
+    let guard = b.try_acquire("job", TTL).await.unwrap().unwrap();
+    assert_eq!(guard.fencing_token(), Some(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn definite_loss_cancels_at_once() {
+    let backend = Scripted::new([Step::Answer(true), Step::Answer(false)], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    assert_eq!(cancelled_after(&guard, t0).await, 2 * PERIOD);
+    assert!(!guard.is_valid());
+    // No more renewals after the loss.
+    sleep(TTL * 3).await;
+    assert_eq!(backend.times(t0, is_renew), vec![PERIOD, 2 * PERIOD]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_loss_behind_our_back_cancels_at_next_renewal() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(1_500)).await;
+    db.expire("job");
+    assert_eq!(cancelled_after(&guard, t0).await, 2 * PERIOD);
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_are_retried_and_cancel_exactly_at_the_deadline() {
+    let backend = Scripted::new([], Step::Fail);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+
+    // Not before the deadline...
+    sleep_until(t0 + TTL - MARGIN - ms(1)).await;
+    assert!(guard.is_valid());
+    assert!(!guard.token().is_cancelled());
+    // ...but exactly at it.
+    assert_eq!(cancelled_after(&guard, t0).await, TTL - MARGIN);
+    assert!(!guard.is_valid());
+
+    // Retried with a short backoff (ttl/30 = 100 ms, doubling) between the
+    // first renewal at 1 s and the deadline.
+    let renews = backend.times(t0, is_renew);
+    assert_eq!(renews, vec![ms(1_000), ms(1_100), ms(1_300), ms(1_700), ms(2_200), ms(2_700)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_after_errors_keeps_the_lease() {
+    let backend = Scripted::new([Step::Fail, Step::Fail, Step::Answer(true)], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(TTL * 4).await;
+    assert!(guard.is_valid());
+    // Failures at 1.0 and 1.1, success at 1.3, then every period from there.
+    let renews = backend.times(t0, is_renew);
+    assert_eq!(&renews[..5], &[ms(1_000), ms(1_100), ms(1_300), ms(2_300), ms(3_300)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_renewal_does_not_delay_the_cancellation() {
+    let backend = Scripted::new([], Step::Hang);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    assert_eq!(cancelled_after(&guard, t0).await, TTL - MARGIN);
+    // The first attempt was cut off after ttl/3, the retry at the deadline.
+    let renews = backend.times(t0, is_renew);
+    assert_eq!(renews, vec![ms(1_000), ms(2_100)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answering_after_the_deadline_does_not_revive_the_lease() {
+    // Answers true, but only after 1.9 s, past the 1 s attempt timeout: the
+    // engine must not wait for it, and the lease stays lost afterwards.
+    let backend = Scripted::new([], Step::Slow(ms(1_900), true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    assert_eq!(cancelled_after(&guard, t0).await, TTL - MARGIN);
+    sleep(TTL).await;
+    assert!(!guard.is_valid());
+    assert!(guard.token().is_cancelled());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_counts_from_when_the_renewal_was_sent_not_answered() {
+    // The renewal sent at 1 s answers at 1.9 s; the next one hangs. The
+    // deadline is 1 s + 2.968 s, not 1.9 s + 2.968 s.
+    let backend = Scripted::new([Step::Slow(ms(900), true)], Step::Hang);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    assert_eq!(cancelled_after(&guard, t0).await, PERIOD + TTL - MARGIN);
+    // The next renewal was due one period after the successful one was sent.
+    assert_eq!(backend.times(t0, is_renew)[..2], [ms(1_000), ms(2_000)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lease_releases_after_f_returns() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let out = lease
+        .with_lease("job", TTL, |token| {
+            let db = db.clone();
+            async move {
+                sleep(TTL * 2).await; // renewed meanwhile
+                assert!(!token.is_cancelled());
+                db.holder("job")
+            }
+        })
+        .await;
+    assert_eq!(out.into_result().unwrap(), Some(Some("a".to_owned())));
+    assert_eq!(db.holder("job"), None);
+    assert_eq!(db.fence("job"), 1, "release keeps the fencing counter");
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lease_token_fires_when_the_lease_is_lost() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let t0 = Instant::now();
+    let stolen = db.clone();
+    tokio::spawn(async move {
+        sleep(ms(2_500)).await;
+        stolen.expire("job");
+    });
+    let out = lease
+        .with_lease("job", TTL, |token| async move {
+            token.cancelled().await;
+            Instant::now() - t0
+        })
+        .await;
+    assert_eq!(out.ran(), Some(3 * PERIOD));
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lease_releases_after_f_panics() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let task = tokio::spawn(async move {
+        lease
+            .with_lease("job", TTL, |_| async {
+                sleep(PERIOD).await;
+                panic!("job failed");
+            })
+            .await
+    });
+    assert!(task.await.unwrap_err().is_panic());
+    sleep(ms(1)).await; // let the background release run
+    assert_eq!(db.holder("job"), None);
+    let other = Lease::with_holder(db.clone(), "b");
+    assert!(other.try_acquire("job", TTL).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_lease_releases_when_dropped_mid_run() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let run = lease.with_lease("job", TTL, |_| sleep(TTL * 10));
+    assert!(tokio::time::timeout(ms(1_500), run).await.is_err());
+    sleep(ms(1)).await;
+    let calls: Vec<Call> = backend.calls().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(calls, vec![Call::Acquire("job".into()), Call::Renew("job".into()), Call::Release("job".into())]);
+    // Nothing renews it any more.
+    sleep(TTL * 2).await;
+    assert_eq!(backend.calls().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_run_of_a_held_name_on_the_same_lease_is_skipped() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let inner = lease.clone();
+    let out = lease
+        .with_lease("job", TTL, |_| async move {
+            let second = inner.with_lease("job", TTL, |_| async { "ran twice" }).await;
+            assert!(inner.try_acquire("job", TTL).await.unwrap().is_none());
+            second
+        })
+        .await;
+    assert!(matches!(out, Outcome::Ran(Outcome::Skipped(Skip::HeldElsewhere))));
+    // Free again once the first run is over.
+    assert!(lease.with_lease("job", TTL, |_| async {}).await.is_ran());
+}
+
+#[tokio::test(start_paused = true)]
+async fn another_holder_is_skipped() {
+    let db = Memory::new();
+    let a = Lease::with_holder(db.clone(), "a");
+    let b = Lease::with_holder(db.clone(), "b");
+    let _held = a.try_acquire("job", TTL).await.unwrap().unwrap();
+    let out = b.with_lease("job", TTL, |_| async { unreachable!("must not run") }).await;
+    assert!(matches!(out, Outcome::Skipped(Skip::HeldElsewhere)));
+    assert_eq!(out_into_none(out), None);
+
+    fn out_into_none(out: Outcome<()>) -> Option<()> {
+        out.into_result().unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_guard_releases_in_the_background() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let token = guard.token();
+    drop(guard);
+    assert!(token.is_cancelled());
+    sleep(ms(1)).await;
+    assert_eq!(db.holder("job"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_cancels_the_token_and_stops_renewing() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let token = guard.token();
+    sleep(ms(1_500)).await;
+    guard.release().await.unwrap();
+    assert!(token.is_cancelled());
+    sleep(TTL * 3).await;
+    assert_eq!(backend.times(t0, is_renew), vec![PERIOD]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn invalid_input_is_rejected_before_the_backend() {
+    let backend = Scripted::default();
+    let lease = Lease::with_holder(backend.clone(), "a");
+    assert!(matches!(lease.try_acquire("", TTL).await, Err(Error::InvalidName { len: 0 })));
+    let long = "x".repeat(256);
+    assert!(matches!(lease.try_acquire(&long, TTL).await, Err(Error::InvalidName { len: 256 })));
+    assert!(matches!(lease.try_acquire("job", ms(9)).await, Err(Error::InvalidTtl { .. })));
+    assert!(matches!(lease.try_acquire("job", Duration::from_secs(86_401)).await, Err(Error::InvalidTtl { .. })));
+    let out = lease.with_lease("job", Duration::ZERO, |_| async {}).await;
+    assert!(matches!(out, Outcome::Skipped(Skip::Error(Error::InvalidTtl { .. }))));
+    let nobody = Lease::with_holder(backend.clone(), "");
+    assert!(matches!(nobody.try_acquire("job", TTL).await, Err(Error::InvalidHolder { len: 0 })));
+    assert!(backend.calls().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_acquire_times_out() {
+    #[derive(Clone)]
+    struct HangingAcquire;
+    impl Backend for HangingAcquire {
+        async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
+            std::future::pending().await
+        }
+        async fn renew(&self, _: &str, _: &str, _: Duration) -> Result<bool, Error> {
+            Ok(true)
+        }
+        async fn release(&self, _: &str, _: &str) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+    let lease = Lease::with_holder(HangingAcquire, "a");
+    let t0 = Instant::now();
+    let err = lease.try_acquire("job", TTL).await.unwrap_err();
+    assert!(matches!(err, Error::Timeout { operation: "acquire", .. }), "{err}");
+    assert_eq!(Instant::now() - t0, TTL - MARGIN);
+    // The name is free for the next attempt.
+    assert!(matches!(lease.try_acquire("job", TTL).await, Err(Error::Timeout { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_falling_due_together_are_renewed_in_one_batch() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let a = lease.try_acquire("a", TTL).await.unwrap().unwrap();
+    sleep(ms(400)).await; // within half a period of `a`
+    let b = lease.try_acquire("b", TTL).await.unwrap().unwrap();
+    sleep(ms(2_700)).await;
+    let renews: Vec<(Duration, Call)> = backend
+        .calls()
+        .into_iter()
+        .filter(|(_, c)| is_renew(c))
+        .map(|(t, c)| (t - t0, c))
+        .collect();
+    let both = Call::RenewMany(vec!["a".into(), "b".into()]);
+    let both_rev = Call::RenewMany(vec!["b".into(), "a".into()]);
+    assert_eq!(renews.len(), 3, "{renews:?}");
+    for (i, (at, call)) in renews.iter().enumerate() {
+        assert_eq!(*at, PERIOD * (i as u32 + 1));
+        assert!(*call == both || *call == both_rev, "{call:?}");
+    }
+    assert!(a.is_valid() && b.is_valid());
+}
+
+#[test]
+fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let lease = Lease::with_holder(Memory::new(), "a");
+    let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
+    assert!(!guard.token().is_cancelled());
+    drop(rt);
+    assert!(guard.token().is_cancelled(), "nothing renews the lease any more");
+    assert!(!guard.is_valid());
+    // A new runtime can acquire through the same Lease once the guard is gone.
+    drop(guard);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
+    rt.block_on(async {
+        sleep(TTL * 2).await;
+        assert!(guard.is_valid(), "a fresh scheduler renews it");
+    });
+}
+
+#[test]
+fn outside_a_runtime_acquire_is_an_error() {
+    let lease = Lease::with_holder(Memory::new(), "a");
+    let err = futures_util::FutureExt::now_or_never(lease.try_acquire("job", TTL)).unwrap().unwrap_err();
+    assert!(matches!(err, Error::NoRuntime));
+}

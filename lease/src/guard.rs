@@ -1,0 +1,122 @@
+//! [`LeaseGuard`]: a held lease.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::engine::{Engine, Entry};
+use crate::{CancellationToken, Error};
+
+/// A held lease, renewed in the background for as long as the guard lives.
+///
+/// Obtained from [`Lease::try_acquire`](crate::Lease::try_acquire). The lease
+/// ends when the guard is [released](LeaseGuard::release) or dropped, or when
+/// it is lost — then [`token`](LeaseGuard::token) is cancelled and
+/// [`is_valid`](LeaseGuard::is_valid) turns false.
+///
+/// Dropping the guard releases the lease in the background: the drop never
+/// blocks, so another holder may see the lease held for one more round trip.
+/// Without a Tokio runtime at drop time the lease is left to expire at its
+/// ttl. Call [`release`](LeaseGuard::release) to know when (and whether) the
+/// release happened.
+#[must_use = "the lease is released as soon as the guard is dropped"]
+pub struct LeaseGuard {
+    engine: Arc<Engine>,
+    entry: Arc<Entry>,
+    /// Ownership of the release has passed elsewhere (`release`, `release_at`).
+    disarmed: bool,
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("name", &self.name())
+            .field("holder", &&*self.engine.holder)
+            .field("fencing_token", &self.fencing_token())
+            .field("valid", &self.is_valid())
+            .finish()
+    }
+}
+
+impl LeaseGuard {
+    pub(crate) fn new(engine: Arc<Engine>, entry: Arc<Entry>) -> Self {
+        Self { engine, entry, disarmed: false }
+    }
+
+    /// The lease's name.
+    pub fn name(&self) -> &str {
+        &self.entry.name
+    }
+
+    /// A token that is cancelled when the lease is lost or released.
+    ///
+    /// Lost means: the backend said another holder has it (or it expired or
+    /// was released behind our back), or no renewal succeeded before the
+    /// local deadline (`t_send + ttl - margin` of the last successful
+    /// request). Clones of the token share its state; hand them to the work
+    /// the lease protects.
+    pub fn token(&self) -> CancellationToken {
+        self.entry.token.clone()
+    }
+
+    /// The fencing token of this acquisition, if the backend provides one.
+    ///
+    /// It is larger than the token of every earlier acquisition of this name,
+    /// so a resource that remembers the largest token it has seen can reject
+    /// writes from a holder that lost the lease without noticing (for
+    /// example after a long GC or VM pause). `None` for backends without
+    /// fencing (`PgAdvisory`).
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.entry.fencing_token
+    }
+
+    /// True while the lease is held: not lost, not released, and the local
+    /// deadline not yet passed — judged by reading the clock now, so it is
+    /// false right after a long pause of the process even before the
+    /// background task has run.
+    pub fn is_valid(&self) -> bool {
+        self.entry.is_valid()
+    }
+
+    /// Stop renewing and give the lease up now.
+    ///
+    /// The token is cancelled first; then the backend is asked to release.
+    /// Releasing a lease that was already lost or taken over is a no-op.
+    ///
+    /// # Errors
+    ///
+    /// The backend's error if it could not be reached (the lease then ends
+    /// at its ttl), or [`Error::Timeout`] after `min(ttl, 30 s)`.
+    ///
+    /// # Cancel safety
+    ///
+    /// The release runs in a task of its own: dropping this future does not
+    /// stop it.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.disarmed = true;
+        match self.engine.release(&self.entry) {
+            Some(task) => task.await.map_err(|_| Error::EngineGone)?,
+            None => Ok(()),
+        }
+    }
+
+    /// Keep the lease (renewing it) until `min_hold` has passed since it was
+    /// acquired, then release it in the background. Returns at once.
+    pub(crate) fn release_after(mut self, min_hold: std::time::Duration) {
+        let at = self.entry.acquired_at + min_hold;
+        if Instant::now() >= at {
+            return; // dropping `self` releases now
+        }
+        self.disarmed = true;
+        self.engine.release_at(&self.entry, at);
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if !self.disarmed {
+            // Spawns the release; never blocks.
+            drop(self.engine.release(&self.entry));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! [`Lease`]: the entry point.
+
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::engine::Engine;
+use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, Skip, validate};
+
+/// Acquires leases on behalf of one holder identity, and keeps them.
+///
+/// A `Lease` pairs a [`Backend`] (where leases are stored) with a holder
+/// identity (who this process is). It is cheap to clone — clones share the
+/// holder, the backend and one background renewal task, so create one per
+/// process and pass clones around.
+///
+/// - [`with_lease`](Lease::with_lease) runs a closure iff the lease can be
+///   had now, renews the lease while it runs and releases it afterwards: the
+///   shape of a periodic job ("run this tick on one replica only").
+/// - [`try_acquire`](Lease::try_acquire) hands out a [`LeaseGuard`] to hold
+///   for as long as you like.
+///
+/// Within one `Lease`, a name that is held (or being acquired or released)
+/// cannot be acquired a second time at once: the second call is skipped as
+/// held elsewhere, so the same process never runs a job twice concurrently.
+///
+/// A `Lease` needs a [Tokio](https://tokio.rs) runtime: renewals run on a
+/// task spawned on the runtime of the first acquisition.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lease::{backend::Memory, Lease, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let lease = Lease::new(Memory::new());
+/// let outcome = lease
+///     .with_lease("nightly-report", Duration::from_secs(90), |token| async move {
+///         // ... do the work, checking `token.is_cancelled()` between steps ...
+///         assert!(!token.is_cancelled());
+///         42
+///     })
+///     .await;
+/// assert!(matches!(outcome, Outcome::Ran(42)));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lease {
+    engine: Arc<Engine>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease").field("holder", &self.holder()).finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    /// A `Lease` on `backend` with the holder identity
+    /// `"{hostname}-{pid}-{8 random hex digits}"`.
+    ///
+    /// The random part keeps two processes apart even when containers share
+    /// a hostname and both run as pid 1.
+    pub fn new(backend: impl Backend) -> Lease {
+        Lease::with_holder(backend, default_holder())
+    }
+
+    /// A `Lease` on `backend` with exactly this holder identity — for tests
+    /// and for simulating several pods in one process.
+    ///
+    /// Two `Lease`s with the same holder are the same holder to the backend:
+    /// each may re-acquire (and release) the other's leases. Give every
+    /// process its own holder. A holder must be 1 to 255 bytes; otherwise
+    /// every acquisition fails with [`Error::InvalidHolder`].
+    pub fn with_holder(backend: impl Backend, holder: impl Into<String>) -> Lease {
+        let holder: String = holder.into();
+        Lease { engine: Arc::new(Engine::new(Box::new(backend), holder.into())) }
+    }
+
+    /// This `Lease`'s holder identity, as stored by the backend.
+    pub fn holder(&self) -> &str {
+        &self.engine.holder
+    }
+
+    /// Run `f` iff the lease `name` can be acquired now; renew the lease
+    /// every `ttl/3` while `f` runs; release it when `f` is done.
+    ///
+    /// `f` receives a [`CancellationToken`] that is cancelled the moment the
+    /// lease is lost (taken over, expired, or not renewed before its local
+    /// deadline). Stop work that must not overlap with another holder as soon
+    /// as it fires.
+    ///
+    /// - `Ran(value)`: `f` ran and returned `value`.
+    /// - `Skipped(HeldElsewhere)`: another holder has the lease (or this
+    ///   `Lease` is running `name` already); `f` did not run. Logged at debug.
+    /// - `Skipped(Error(e))`: the backend could not be asked, or the input is
+    ///   invalid; `f` did not run. Logged at warn. For a periodic job this is
+    ///   not a failure: the next tick tries again.
+    ///
+    /// The lease is released when `f` returns, when `f` panics (the panic
+    /// then continues), and when this future is dropped while `f` runs (in
+    /// the background). A failed release is logged; the lease then ends when
+    /// its ttl runs out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease::{backend::Memory, Lease, Outcome, Skip};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let db = Memory::new();
+    /// let pod_a = Lease::with_holder(db.clone(), "pod-a");
+    /// let pod_b = Lease::with_holder(db.clone(), "pod-b");
+    /// let ttl = Duration::from_secs(30);
+    ///
+    /// let outcome = pod_a
+    ///     .with_lease("digest", ttl, |_token| async {
+    ///         // While pod-a runs the job, pod-b's tick is skipped.
+    ///         let other = pod_b.with_lease("digest", ttl, |_| async { "pod-b ran" }).await;
+    ///         assert!(matches!(other, Outcome::Skipped(Skip::HeldElsewhere)));
+    ///         "pod-a ran"
+    ///     })
+    ///     .await;
+    /// assert_eq!(outcome.into_result().unwrap(), Some("pod-a ran"));
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// Only if `f` or its future panics (the lease is released first).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops `f`, stops renewing and releases the lease in
+    /// the background.
+    pub async fn with_lease<F, Fut, T>(&self, name: &str, ttl: Duration, f: F) -> Outcome<T>
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let guard = match self.try_acquire(name, ttl).await {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                tracing::debug!(lease.name = name, holder = self.holder(), "skipped: lease held elsewhere");
+                return Outcome::Skipped(Skip::HeldElsewhere);
+            }
+            Err(error) => {
+                tracing::warn!(lease.name = name, holder = self.holder(), %error, "skipped: could not acquire lease");
+                return Outcome::Skipped(Skip::Error(error));
+            }
+        };
+        let span = tracing::info_span!(
+            "lease",
+            lease.name = name,
+            holder = self.holder(),
+            fencing_token = guard.fencing_token()
+        );
+        let value = f(guard.token()).instrument(span).await;
+        if let Err(error) = guard.release().await {
+            tracing::warn!(lease.name = name, holder = self.holder(), %error, "lease release failed; it ends at its ttl");
+        }
+        Outcome::Ran(value)
+    }
+
+    /// Acquire the lease `name` for `ttl` if it is free now; never waits for
+    /// another holder.
+    ///
+    /// `Ok(Some(guard))`: the lease is ours; it is renewed every `ttl/3` in
+    /// the background until the guard is released or dropped, and
+    /// [`guard.token()`](LeaseGuard::token) is cancelled if it is lost.
+    /// `Ok(None)`: another holder has it, or this `Lease` holds it already.
+    ///
+    /// `name` is any 1 to 255 bytes of UTF-8 (quotes, `%`, braces and the
+    /// like are data). `ttl` is whole milliseconds from 10 ms to 24 h: it
+    /// bounds how long a crashed holder blocks the others.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease::{backend::Memory, Lease};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+    /// let lease = Lease::new(Memory::new());
+    /// if let Some(guard) = lease.try_acquire("compaction", Duration::from_secs(60)).await? {
+    ///     // Pass the fencing token to the resource you write to, so that it can
+    ///     // reject writes from an older holder.
+    ///     assert_eq!(guard.fencing_token(), Some(1));
+    ///     assert!(guard.is_valid());
+    ///     guard.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::InvalidName`], [`Error::InvalidTtl`], [`Error::InvalidHolder`]
+    ///   for input outside the rules above;
+    /// - [`Error::Timeout`] when the backend does not answer within
+    ///   `min(ttl - margin, 30 s)` (margin = ttl/100 + 2 ms);
+    /// - the backend's error when it fails (connection refused, SQL error, ...).
+    ///
+    /// - [`Error::NoRuntime`] outside a Tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// If the future is dropped before it completes, no guard is handed out
+    /// and nothing renews the lease; a request that already reached the
+    /// backend may still have taken it, and it then ends at its ttl (the same
+    /// holder may re-acquire it at once).
+    pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Option<LeaseGuard>, Error> {
+        validate::name(name)?;
+        validate::ttl(ttl)?;
+        validate::holder(self.holder())?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let Some(reservation) = self.engine.reserve(name) else {
+            return Ok(None);
+        };
+        let entry = self.engine.acquire(reservation, ttl).await?;
+        Ok(entry.map(|entry| {
+            tracing::debug!(
+                lease.name = name,
+                holder = self.holder(),
+                fencing_token = entry.fencing_token,
+                "lease acquired"
+            );
+            LeaseGuard::new(self.engine.clone(), entry)
+        }))
+    }
+}
+
+/// `"{hostname}-{pid}-{8 hex digits}"`, the hostname shortened so the whole
+/// fits the 255-byte holder limit.
+fn default_holder() -> String {
+    let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut host = if host.is_empty() { "unknown-host".to_owned() } else { host };
+    let mut cut = host.len().min(200);
+    while !host.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    host.truncate(cut);
+    // `RandomState` is seeded from the OS's randomness once per thread and
+    // differs for every instance: enough to tell two processes apart.
+    let random = RandomState::new().hash_one(std::process::id()) as u32;
+    format!("{host}-{}-{random:08x}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_holder_shape() {
+        let holder = default_holder();
+        let mut parts = holder.rsplitn(3, '-');
+        let random = parts.next().expect("random part");
+        let pid = parts.next().expect("pid part");
+        let host = parts.next().expect("host part");
+        assert_eq!(random.len(), 8);
+        assert!(random.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(pid, std::process::id().to_string());
+        assert!(!host.is_empty());
+        assert_ne!(default_holder(), holder, "two holders of one process must differ");
+    }
+}

@@ -1,0 +1,63 @@
+//! What [`Lease::with_lease`](crate::Lease::with_lease) returns.
+
+use crate::Error;
+
+/// The result of [`Lease::with_lease`](crate::Lease::with_lease): the job ran,
+/// or it was skipped and why.
+#[must_use = "a skipped run may carry an error"]
+#[derive(Debug)]
+pub enum Outcome<T> {
+    /// The lease was acquired and the job ran to completion with this value.
+    Ran(T),
+    /// The job did not run.
+    Skipped(Skip),
+}
+
+/// Why a run was skipped.
+#[derive(Debug)]
+pub enum Skip {
+    /// Another holder has the lease (or this `Lease` is running the same
+    /// name already). The normal case on all replicas but one.
+    HeldElsewhere,
+    /// The lease could not be acquired: the backend failed, or the name, ttl
+    /// or holder is invalid. Already logged with `tracing::warn!`.
+    Error(Error),
+}
+
+impl<T> Outcome<T> {
+    /// `Ok(Some(value))` if the job ran, `Ok(None)` if the lease is held
+    /// elsewhere, `Err` if acquiring it failed.
+    ///
+    /// # Errors
+    ///
+    /// The acquisition error of [`Skip::Error`].
+    pub fn into_result(self) -> Result<Option<T>, Error> {
+        match self {
+            Outcome::Ran(value) => Ok(Some(value)),
+            Outcome::Skipped(Skip::HeldElsewhere) => Ok(None),
+            Outcome::Skipped(Skip::Error(e)) => Err(e),
+        }
+    }
+
+    /// True if the job ran.
+    pub fn is_ran(&self) -> bool {
+        matches!(self, Outcome::Ran(_))
+    }
+
+    /// The job's value if it ran.
+    pub fn ran(self) -> Option<T> {
+        match self {
+            Outcome::Ran(value) => Some(value),
+            Outcome::Skipped(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::HeldElsewhere => f.write_str("lease held elsewhere"),
+            Skip::Error(e) => write!(f, "lease could not be acquired: {e}"),
+        }
+    }
+}
