@@ -1,0 +1,421 @@
+//! The conformance suite: every property, written once, run against every backend.
+//!
+//! Each property is a generic `async fn` over a [`Subject`] (a backend plus the
+//! few test-only powers the suite needs, such as rewriting a lease behind the
+//! holder's back). The `conformance!` macro at the bottom instantiates every
+//! property as a `#[tokio::test]` for each backend, so a new backend gets every
+//! check by adding one `conformance!` line and a `Subject` impl.
+//!
+//! Where a backend's guarantee differs from the table backends' (see
+//! [`Caps`]), the property states the difference and asserts what that backend
+//! actually does instead of skipping.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lease::backend::Memory;
+use lease::{Backend, Error, Lease, Outcome, Skip};
+use lease_tests::unique_name;
+use tokio::time::{Instant, sleep, timeout};
+
+/// How a backend's guarantees differ from the table backends'.
+#[derive(Debug, Clone, Copy)]
+struct Caps {
+    /// Acquisitions carry an increasing fencing token.
+    fencing: bool,
+}
+
+const TABLE_LIKE: Caps = Caps { fencing: true };
+
+/// A backend under test.
+trait Subject: Send + Sync + 'static {
+    type B: Backend + Clone;
+
+    fn backend(&self) -> Self::B;
+
+    fn caps(&self) -> Caps {
+        TABLE_LIKE
+    }
+
+    /// Behind the holder's back, make `thief` the holder of `name` with a
+    /// larger fence, as an operator or a buggy peer rewriting the row would.
+    fn steal(&self, name: &str, thief: &str) -> impl Future<Output = ()> + Send;
+
+    /// For table backends: `with_table` of the backend, as `Some(result)`;
+    /// `None` for backends without tables.
+    fn with_table(&self, table: &str) -> Option<Result<Self::B, Error>>;
+}
+
+fn lease<S: Subject>(s: &S, holder: &str) -> Lease {
+    Lease::with_holder(s.backend(), holder)
+}
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+// ---------------------------------------------------------------- properties
+
+async fn exclusive_between_two_holders<S: Subject>(s: &S) {
+    let name = unique_name("exclusive");
+    let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
+    let guard = a.try_acquire(&name, TTL).await.unwrap().expect("free lease");
+    assert!(b.try_acquire(&name, TTL).await.unwrap().is_none(), "b acquired a held lease");
+    let skipped = b.with_lease(&name, TTL, |_| async { "b ran" }).await;
+    assert!(matches!(skipped, Outcome::Skipped(Skip::HeldElsewhere)), "{skipped:?}");
+    guard.release().await.unwrap();
+    let out = b.with_lease(&name, TTL, |_| async { "b ran" }).await;
+    assert_eq!(out.into_result().unwrap(), Some("b ran"));
+}
+
+async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
+    let name = unique_name("idempotent");
+    let b = s.backend();
+    let first = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
+    let again = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("same holder re-acquires");
+    assert_eq!(first.fencing_token, again.fencing_token);
+    assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none());
+    b.release(&name, "holder-a").await.unwrap();
+    // A Lease with the same holder (say, a restarted process that kept its
+    // identity) re-acquires a live lease idempotently too.
+    let g = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free after release");
+    let twin = lease(s, "holder-a").try_acquire(&name, TTL).await.unwrap().expect("same holder");
+    assert_eq!(twin.fencing_token(), g.fencing_token);
+    if s.caps().fencing {
+        assert!(g.fencing_token > first.fencing_token, "release then re-acquire is a new acquisition");
+    }
+    twin.release().await.unwrap();
+}
+
+async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
+    let name = unique_name("takeover");
+    let b = s.backend();
+    let ttl = ms(300);
+    let first = b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    assert!(b.acquire(&name, "holder-b", ttl).await.unwrap().is_none());
+    sleep(ttl + ms(200)).await; // nobody renews
+    let second = b.acquire(&name, "holder-b", TTL).await.unwrap().expect("expired lease is free");
+    if s.caps().fencing {
+        assert!(second.fencing_token.unwrap() > first.fencing_token.unwrap());
+    }
+    b.release(&name, "holder-b").await.unwrap();
+}
+
+async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
+    let b = s.backend();
+    let ttl = ms(300);
+
+    let name = unique_name("renew-takeover");
+    b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    assert!(b.renew(&name, "holder-a", ttl).await.unwrap());
+    sleep(ttl + ms(200)).await;
+    b.acquire(&name, "holder-b", TTL).await.unwrap().expect("expired lease is free");
+    assert!(!b.renew(&name, "holder-a", ttl).await.unwrap(), "renewed someone else's lease");
+    assert!(b.renew(&name, "holder-b", TTL).await.unwrap());
+
+    let name = unique_name("renew-release");
+    b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
+    b.release(&name, "holder-a").await.unwrap();
+    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed a released lease");
+
+    let name = unique_name("renew-expiry");
+    b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    sleep(ttl + ms(200)).await;
+    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed an expired lease");
+    // ...and the failed renewals did not bring it back.
+    assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_some());
+}
+
+async fn renew_never_inserts<S: Subject>(s: &S) {
+    let name = unique_name("renew-insert");
+    let b = s.backend();
+    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap());
+    let g = b.acquire(&name, "holder-b", TTL).await.unwrap().expect("renew must not have created a lease");
+    if s.caps().fencing {
+        assert_eq!(g.fencing_token, Some(1));
+    }
+}
+
+async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
+    let name = unique_name("release-other");
+    let b = s.backend();
+    b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
+    b.release(&name, "holder-b").await.unwrap();
+    b.release(&unique_name("never-seen"), "holder-b").await.unwrap();
+    assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none(), "a stranger released our lease");
+    assert!(b.renew(&name, "holder-a", TTL).await.unwrap());
+}
+
+async fn fences_strictly_increase<S: Subject>(s: &S) {
+    let name = unique_name("fences");
+    let holders = [lease(s, "holder-a"), lease(s, "holder-b")];
+    let mut last = None;
+    for i in 0..100 {
+        let guard = holders[i % 2].try_acquire(&name, TTL).await.unwrap().expect("released lease is free");
+        let fence = guard.fencing_token();
+        if s.caps().fencing {
+            let fence = fence.expect("fencing backend gave no token");
+            if let Some(last) = last {
+                assert!(fence > last, "acquisition {i}: fence {fence} after {last}");
+            }
+            last = Some(fence);
+        } else {
+            assert_eq!(fence, None);
+        }
+        guard.release().await.unwrap();
+    }
+}
+
+async fn names_are_data<S: Subject>(s: &S) {
+    let tag = unique_name("n");
+    let mut names: Vec<String> = [
+        "it's",
+        "it''s",
+        "\"quoted\"",
+        "100%",
+        "100_",
+        "1000",
+        "a\\b",
+        "a\\\\b",
+        "{braces}",
+        "{",
+        "}x",
+        "x:fence",
+        "🦀 crab",
+        "Case",
+        "case",
+        "trailing ",
+        "trailing",
+        "%_",
+        "'; drop table task_leases; --",
+    ]
+    .iter()
+    .map(|n| format!("{tag}{n}"))
+    .collect();
+    // Exactly 255 bytes, ending in a 4-byte character.
+    let mut long = format!("{tag}-");
+    while long.len() < 251 {
+        long.push('x');
+    }
+    long.push('🦀');
+    assert_eq!(long.len(), 255);
+    names.push(long);
+
+    let a = lease(s, "holder-a");
+    let b = lease(s, "holder-b");
+    let mut guards = Vec::new();
+    for name in &names {
+        let g = a.try_acquire(name, TTL).await.unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        guards.push(g.unwrap_or_else(|| panic!("{name:?} collided with another name")));
+    }
+    for name in &names {
+        assert!(b.try_acquire(name, TTL).await.unwrap().is_none(), "{name:?} not held");
+    }
+    for g in guards {
+        assert!(g.is_valid());
+        g.release().await.unwrap();
+    }
+    for name in &names {
+        assert!(b.try_acquire(name, TTL).await.unwrap().is_some(), "{name:?} not released");
+    }
+}
+
+async fn invalid_input_is_rejected<S: Subject>(s: &S) {
+    let a = lease(s, "holder-a");
+    assert!(matches!(a.try_acquire("", TTL).await, Err(Error::InvalidName { len: 0 })));
+    let long = "x".repeat(256);
+    assert!(matches!(a.try_acquire(&long, TTL).await, Err(Error::InvalidName { len: 256 })));
+    let name = unique_name("ttl");
+    for ttl in [Duration::ZERO, ms(9), Duration::from_secs(86_400) + ms(1), Duration::from_micros(20_500)] {
+        assert!(matches!(a.try_acquire(&name, ttl).await, Err(Error::InvalidTtl { .. })), "{ttl:?}");
+    }
+    for ttl in [ms(10), Duration::from_secs(86_400)] {
+        let g = a.try_acquire(&name, ttl).await.unwrap().expect("bounds are inclusive");
+        g.release().await.unwrap();
+    }
+    let out = a.with_lease("", TTL, |_| async {}).await;
+    assert!(matches!(out, Outcome::Skipped(Skip::Error(Error::InvalidName { .. }))));
+}
+
+async fn table_names_are_validated<S: Subject>(s: &S) {
+    let Some(bad) = s.with_table("leases; drop table x") else {
+        // Not a table backend: there is no table name to validate.
+        return;
+    };
+    assert!(matches!(bad, Err(Error::InvalidTable { .. })));
+    for bad in ["", "1x", "a.b.c", "\"x\"", "x-y"] {
+        assert!(matches!(s.with_table(bad), Some(Err(Error::InvalidTable { .. }))), "{bad:?}");
+    }
+    assert!(matches!(s.with_table("my_schema.leases"), Some(Ok(_))));
+}
+
+async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
+    let name = unique_name("contenders");
+    let pods: Vec<Lease> = (0..16).map(|i| lease(s, &format!("pod-{i:02}"))).collect();
+    let mut last_fence = None;
+    for round in 0..200 {
+        let results = join_all(pods.iter().map(|p| p.try_acquire(&name, TTL))).await;
+        let mut winners = Vec::new();
+        for r in results {
+            match r {
+                Ok(Some(g)) => winners.push(g),
+                Ok(None) => {}
+                Err(e) => panic!("round {round}: acquisition failed: {e}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {} winners", winners.len());
+        let winner = winners.pop().expect("one winner");
+        if s.caps().fencing {
+            let fence = winner.fencing_token();
+            assert!(fence > last_fence, "round {round}: fence {fence:?} after {last_fence:?}");
+            last_fence = fence;
+        }
+        winner.release().await.unwrap();
+    }
+}
+
+async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
+    let name = unique_name("with-lease");
+    let running = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..10 {
+        let pods: Vec<Lease> = (0..16).map(|i| lease(s, &format!("pod-{i:02}"))).collect();
+        let outs = join_all(pods.iter().map(|p| {
+            let (running, ran) = (running.clone(), ran.clone());
+            p.with_lease(&name, TTL, move |_| async move {
+                assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "two pods ran at once");
+                sleep(ms(50)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+        }))
+        .await;
+        for out in outs {
+            assert!(!matches!(out, Outcome::Skipped(Skip::Error(_))), "{out:?}");
+        }
+    }
+    assert!(ran.load(Ordering::SeqCst) >= 10, "every round ran on one pod");
+}
+
+async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
+    let name = unique_name("stolen");
+    let ttl = ms(1_500);
+    let holder = lease(s, "holder-a");
+    let guard = holder.try_acquire(&name, ttl).await.unwrap().expect("free");
+    sleep(ms(100)).await;
+    let stolen_at = Instant::now();
+    s.steal(&name, "thief").await;
+    // Noticed at the next renewal: within ttl/3 plus slack for a loaded machine.
+    let bound = ttl / 3 + ms(500);
+    timeout(bound, guard.token().cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("token not cancelled within {bound:?} of the steal"));
+    let noticed = stolen_at.elapsed();
+    assert!(!guard.is_valid());
+    eprintln!("stolen lease noticed after {noticed:?} (ttl/3 = {:?})", ttl / 3);
+    // Releasing after a takeover does not free the thief's lease.
+    guard.release().await.unwrap();
+    assert!(lease(s, "holder-b").try_acquire(&name, ttl).await.unwrap().is_none());
+}
+
+async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
+    let name = unique_name("dropped");
+    let a = lease(s, "holder-a");
+    let b = lease(s, "holder-b");
+    drop(a.try_acquire(&name, TTL).await.unwrap().expect("free"));
+    // Released in the background: poll for a little while.
+    let deadline = Instant::now() + ms(1_000);
+    loop {
+        if let Some(g) = b.try_acquire(&name, TTL).await.unwrap() {
+            g.release().await.unwrap();
+            break;
+        }
+        assert!(Instant::now() < deadline, "dropped guard did not release");
+        sleep(ms(10)).await;
+    }
+}
+
+async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
+    let name = unique_name("renewed");
+    let ttl = ms(600);
+    let a = lease(s, "holder-a");
+    let b = &lease(s, "holder-b");
+    let name = &name;
+    let out = a
+        .with_lease(name, ttl, |token| async move {
+            sleep(ttl * 3).await;
+            let other = b.try_acquire(name, ttl).await.unwrap();
+            (token.is_cancelled(), other.is_some())
+        })
+        .await;
+    assert_eq!(out.ran(), Some((false, false)), "lease must be renewed and stay exclusive");
+}
+
+// ---------------------------------------------------------------- subjects
+
+struct MemorySubject(Memory);
+
+impl Subject for MemorySubject {
+    type B = Memory;
+
+    fn backend(&self) -> Memory {
+        self.0.clone()
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        self.0.expire(name);
+        self.0.acquire(name, thief, Duration::from_secs(60)).await.unwrap().expect("expired");
+    }
+
+    fn with_table(&self, _table: &str) -> Option<Result<Memory, Error>> {
+        None
+    }
+}
+
+async fn memory() -> Option<MemorySubject> {
+    Some(MemorySubject(Memory::new()))
+}
+
+// ---------------------------------------------------------------- the matrix
+
+macro_rules! conformance {
+    ($backend:ident, $subject:expr, [$($property:ident),* $(,)?]) => {
+        mod $backend {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $property() {
+                    lease_tests::init_tracing();
+                    if let Some(subject) = $subject.await {
+                        super::$property(&subject).await;
+                    }
+                }
+            )*
+        }
+    };
+    ($backend:ident, $subject:expr) => {
+        conformance!($backend, $subject, [
+            exclusive_between_two_holders,
+            idempotent_reacquire_keeps_the_fence,
+            takeover_after_expiry_has_a_larger_fence,
+            renew_fails_after_takeover_release_and_expiry,
+            renew_never_inserts,
+            release_by_a_non_holder_is_a_no_op,
+            fences_strictly_increase,
+            names_are_data,
+            invalid_input_is_rejected,
+            table_names_are_validated,
+            one_winner_among_sixteen_contenders,
+            one_runner_among_sixteen_with_lease,
+            a_stolen_lease_cancels_the_token,
+            a_dropped_guard_frees_the_lease,
+            a_held_lease_is_renewed_past_its_ttl,
+        ]);
+    };
+}
+
+conformance!(memory, super::memory());
