@@ -46,7 +46,6 @@ mod mysql;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlTable;
 
-
 /// Storage for leases: one record per name, with a holder, an expiry and a
 /// fencing counter.
 ///
@@ -152,8 +151,13 @@ pub trait Backend: Send + Sync + 'static {
         leases: &[(&str, Duration)],
     ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
         async move {
-            let calls = leases.iter().map(|&(name, ttl)| self.renew(name, holder, ttl));
-            futures_util::future::join_all(calls).await.into_iter().collect()
+            let calls = leases
+                .iter()
+                .map(|&(name, ttl)| self.renew(name, holder, ttl));
+            futures_util::future::join_all(calls)
+                .await
+                .into_iter()
+                .collect()
         }
     }
 }

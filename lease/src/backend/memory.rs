@@ -63,7 +63,10 @@ impl Memory {
     /// The holder of an unexpired lease on `name`, if any.
     pub fn holder(&self, name: &str) -> Option<String> {
         let now = Instant::now();
-        self.rows().get(name).filter(|r| r.live(now)).map(|r| r.holder.clone())
+        self.rows()
+            .get(name)
+            .filter(|r| r.live(now))
+            .map(|r| r.holder.clone())
     }
 
     /// The last fencing token handed out for `name` (0 if never acquired).
@@ -87,7 +90,12 @@ impl Memory {
 }
 
 impl Backend for Memory {
-    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>, Error> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
         let now = Instant::now();
         let mut rows = self.rows();
         let row = rows.entry(name.to_owned()).or_insert_with(|| Row {
