@@ -46,6 +46,9 @@ mod mysql;
 #[cfg(feature = "mysql")]
 pub use mysql::MySqlTable;
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+mod sql;
+
 /// Storage for leases: one record per name, with a holder, an expiry and a
 /// fencing counter.
 ///
