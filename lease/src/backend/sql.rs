@@ -85,7 +85,9 @@ pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64, Error> {
     Ok(i64::try_from(ttl.as_millis()).expect("BUG: a valid ttl fits in i64 milliseconds"))
 }
 
-/// A fencing token read back from the `fence` column.
+/// A fencing token read back from the `fence` column (`MySqlTable` reads it
+/// as an unsigned "last insert id" instead).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) fn fence(fence: i64) -> Result<u64, Error> {
     match u64::try_from(fence) {
         Ok(fence) if fence > 0 => Ok(fence),
@@ -156,6 +158,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     fn fences_must_be_positive() {
         assert_eq!(fence(1).ok(), Some(1));
         assert_eq!(fence(i64::MAX).ok(), Some(i64::MAX as u64));
