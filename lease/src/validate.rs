@@ -31,7 +31,7 @@ pub(crate) fn holder(holder: &str) -> Result<(), Error> {
 
 /// A ttl is whole milliseconds in `MIN_TTL..=MAX_TTL`.
 pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
-    if ttl < MIN_TTL || ttl > MAX_TTL || ttl.subsec_nanos() % 1_000_000 != 0 {
+    if ttl < MIN_TTL || ttl > MAX_TTL || !ttl.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(Error::InvalidTtl { ttl });
     }
     Ok(())

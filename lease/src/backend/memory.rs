@@ -127,10 +127,11 @@ impl Backend for Memory {
 
     async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
         let now = Instant::now();
-        if let Some(row) = self.rows().get_mut(name) {
-            if row.live(now) && row.holder == holder {
-                row.expires_at = now;
-            }
+        if let Some(row) = self.rows().get_mut(name)
+            && row.live(now)
+            && row.holder == holder
+        {
+            row.expires_at = now;
         }
         Ok(())
     }
