@@ -126,6 +126,11 @@ const ATTEMPTS: u32 = 6;
 ///
 /// Cloning is cheap: a [`MySqlPool`] and reference-counted statements.
 ///
+/// A call whose future is dropped (for example by a timeout) after its
+/// statement reached the server may still take effect: an acquisition the
+/// caller never learned of ends at its ttl, or is picked up by the same
+/// holder's next (idempotent) acquire.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -225,6 +230,20 @@ impl MySqlTable {
     }
 
     /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::MySqlTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > UTC_TIMESTAMP(6)",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool(&self) -> &MySqlPool {
         &self.pool
     }

@@ -86,6 +86,11 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///
 /// Cloning is cheap: a [`PgPool`] and reference-counted statements.
 ///
+/// A call whose future is dropped (for example by a timeout) after its
+/// statement reached the server may still take effect: an acquisition the
+/// caller never learned of ends at its ttl, or is picked up by the same
+/// holder's next (idempotent) acquire.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -197,6 +202,20 @@ impl PgTable {
     }
 
     /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::PgTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(String, String, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > clock_timestamp()",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }

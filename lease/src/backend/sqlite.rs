@@ -107,6 +107,11 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// Cloning is cheap: a [`SqlitePool`] and reference-counted statements.
 ///
+/// A call whose future is dropped (for example by a timeout) after its
+/// statement reached the server may still take effect: an acquisition the
+/// caller never learned of ends at its ttl, or is picked up by the same
+/// holder's next (idempotent) acquire.
+///
 /// # Examples
 ///
 /// ```
@@ -251,6 +256,21 @@ impl SqliteTable {
     }
 
     /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::SqliteTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(String, String, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > \
+    ///      CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
