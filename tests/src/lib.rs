@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{MySqlPool, PgPool};
+use sqlx::{Connection, MySqlConnection, MySqlPool, PgConnection, PgPool};
 
 /// Environment variable with the PostgreSQL URL.
 pub const POSTGRES_URL_VAR: &str = "LEASE_POSTGRES_URL";
@@ -66,14 +66,16 @@ pub fn services_required() -> bool {
 /// A pool on the test PostgreSQL server ([`postgres_url`]), or `None` after
 /// printing `skipped: no postgres at <url>` when it cannot be reached.
 ///
-/// Each call makes a new pool (up to 20 connections, opened lazily after the
-/// first), so every `#[tokio::test]` runtime gets its own.
+/// Each call first tries one connection (so that a refused connection is
+/// reported at once), then makes a new pool (up to 20 connections, opened
+/// as needed), so every `#[tokio::test]` runtime gets its own.
 ///
 /// # Panics
 ///
 /// When the server cannot be reached and [`services_required`].
 pub async fn postgres() -> Option<PgPool> {
     let url = postgres_url();
+    probe::<PgConnection>("postgres", &url).await?;
     let pool = PgPoolOptions::new()
         .max_connections(MAX_CONNECTIONS)
         .acquire_timeout(CONNECT_TIMEOUT)
@@ -85,20 +87,35 @@ pub async fn postgres() -> Option<PgPool> {
 /// A pool on the test MySQL or MariaDB server ([`mysql_url`]), or `None`
 /// after printing `skipped: no mysql at <url>` when it cannot be reached.
 ///
-/// Each call makes a new pool (up to 20 connections, opened lazily after the
-/// first), so every `#[tokio::test]` runtime gets its own.
+/// Each call first tries one connection (so that a refused connection is
+/// reported at once), then makes a new pool (up to 20 connections, opened
+/// as needed), so every `#[tokio::test]` runtime gets its own.
 ///
 /// # Panics
 ///
 /// When the server cannot be reached and [`services_required`].
 pub async fn mysql() -> Option<MySqlPool> {
     let url = mysql_url();
+    probe::<MySqlConnection>("mysql", &url).await?;
     let pool = MySqlPoolOptions::new()
         .max_connections(MAX_CONNECTIONS)
         .acquire_timeout(CONNECT_TIMEOUT)
         .connect(&url)
         .await;
     available("mysql", &url, pool)
+}
+
+/// One connection attempt, so that a refused connection is reported at once
+/// (a pool would keep retrying until its acquire timeout).
+async fn probe<C: Connection>(server: &str, url: &str) -> Option<()> {
+    let attempt = tokio::time::timeout(CONNECT_TIMEOUT, C::connect(url)).await;
+    let conn = match attempt {
+        Ok(conn) => conn.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {CONNECT_TIMEOUT:?}")),
+    };
+    let conn = available(server, url, conn)?;
+    let _ = conn.close().await;
+    Some(())
 }
 
 fn available<P, E: Display>(server: &str, url: &str, pool: Result<P, E>) -> Option<P> {
