@@ -1,1 +1,3 @@
+//! Pods sharing one SQLite lease table (placeholder until the engine lands).
+
 fn main() {}

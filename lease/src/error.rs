@@ -60,7 +60,9 @@ pub enum Error {
     },
 
     /// [`set_global_default`](crate::set_global_default) was called a second time.
-    #[error("a global default lease is already set; set_global_default may be called once per process")]
+    #[error(
+        "a global default lease is already set; set_global_default may be called once per process"
+    )]
     GlobalDefaultAlreadySet,
 
     /// A backend call did not answer in time.
@@ -82,7 +84,10 @@ pub enum Error {
 
     /// A SQL backend (`PgTable`, `PgAdvisory`, `MySqlTable`, `SqliteTable`) failed.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-    #[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+    )]
     #[error("database error")]
     Database(#[source] sqlx::Error),
 

@@ -31,7 +31,7 @@ pub(crate) fn holder(holder: &str) -> Result<(), Error> {
 
 /// A ttl is whole milliseconds in `MIN_TTL..=MAX_TTL`.
 pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
-    if ttl < MIN_TTL || ttl > MAX_TTL || ttl.subsec_nanos() % 1_000_000 != 0 {
+    if ttl < MIN_TTL || ttl > MAX_TTL || !ttl.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(Error::InvalidTtl { ttl });
     }
     Ok(())
@@ -39,7 +39,10 @@ pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
 
 /// `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified; at most 63 bytes a part
 /// (PostgreSQL's identifier limit, below MySQL's 64).
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql", feature = "sqlite")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
 pub(crate) fn table(table: &str) -> Result<(), Error> {
     fn ident(part: &str) -> bool {
         let mut bytes = part.bytes();
@@ -54,7 +57,9 @@ pub(crate) fn table(table: &str) -> Result<(), Error> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidTable { table: table.to_owned() })
+        Err(Error::InvalidTable {
+            table: table.to_owned(),
+        })
     }
 }
 
@@ -68,7 +73,10 @@ mod tests {
         assert!(name(&"x".repeat(255)).is_ok());
         assert!(name("it's 100% {ok} \\ _ 🦀").is_ok());
         assert!(matches!(name(""), Err(Error::InvalidName { len: 0 })));
-        assert!(matches!(name(&"x".repeat(256)), Err(Error::InvalidName { len: 256 })));
+        assert!(matches!(
+            name(&"x".repeat(256)),
+            Err(Error::InvalidName { len: 256 })
+        ));
         // 255 bytes is the limit, not 255 characters.
         assert!(name(&"é".repeat(128)).is_err());
     }
@@ -100,7 +108,10 @@ mod tests {
             "lé",
             &"x".repeat(64),
         ] {
-            assert!(matches!(table(bad), Err(Error::InvalidTable { .. })), "{bad}");
+            assert!(
+                matches!(table(bad), Err(Error::InvalidTable { .. })),
+                "{bad}"
+            );
         }
     }
 }

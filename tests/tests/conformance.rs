@@ -18,7 +18,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use lease::backend::Memory;
 use lease::{Backend, Error, Lease, Outcome, Skip};
-use lease_tests::unique_name;
+use lease_tests::unique;
 use tokio::time::{Instant, sleep, timeout};
 
 /// How a backend's guarantees differ from the table backends'.
@@ -62,7 +62,7 @@ fn ms(n: u64) -> Duration {
 // ---------------------------------------------------------------- properties
 
 async fn exclusive_between_two_holders<S: Subject>(s: &S) {
-    let name = unique_name("exclusive");
+    let name = unique("exclusive");
     let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
     let guard = a.try_acquire(&name, TTL).await.unwrap().expect("free lease");
     assert!(b.try_acquire(&name, TTL).await.unwrap().is_none(), "b acquired a held lease");
@@ -74,7 +74,7 @@ async fn exclusive_between_two_holders<S: Subject>(s: &S) {
 }
 
 async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
-    let name = unique_name("idempotent");
+    let name = unique("idempotent");
     let b = s.backend();
     let first = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
     let again = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("same holder re-acquires");
@@ -93,7 +93,7 @@ async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
 }
 
 async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
-    let name = unique_name("takeover");
+    let name = unique("takeover");
     let b = s.backend();
     let ttl = ms(300);
     let first = b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
@@ -110,7 +110,7 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
     let b = s.backend();
     let ttl = ms(300);
 
-    let name = unique_name("renew-takeover");
+    let name = unique("renew-takeover");
     b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
     assert!(b.renew(&name, "holder-a", ttl).await.unwrap());
     sleep(ttl + ms(200)).await;
@@ -118,12 +118,12 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
     assert!(!b.renew(&name, "holder-a", ttl).await.unwrap(), "renewed someone else's lease");
     assert!(b.renew(&name, "holder-b", TTL).await.unwrap());
 
-    let name = unique_name("renew-release");
+    let name = unique("renew-release");
     b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
     b.release(&name, "holder-a").await.unwrap();
     assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed a released lease");
 
-    let name = unique_name("renew-expiry");
+    let name = unique("renew-expiry");
     b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
     sleep(ttl + ms(200)).await;
     assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed an expired lease");
@@ -132,7 +132,7 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
 }
 
 async fn renew_never_inserts<S: Subject>(s: &S) {
-    let name = unique_name("renew-insert");
+    let name = unique("renew-insert");
     let b = s.backend();
     assert!(!b.renew(&name, "holder-a", TTL).await.unwrap());
     let g = b.acquire(&name, "holder-b", TTL).await.unwrap().expect("renew must not have created a lease");
@@ -142,17 +142,17 @@ async fn renew_never_inserts<S: Subject>(s: &S) {
 }
 
 async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
-    let name = unique_name("release-other");
+    let name = unique("release-other");
     let b = s.backend();
     b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
     b.release(&name, "holder-b").await.unwrap();
-    b.release(&unique_name("never-seen"), "holder-b").await.unwrap();
+    b.release(&unique("never-seen"), "holder-b").await.unwrap();
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none(), "a stranger released our lease");
     assert!(b.renew(&name, "holder-a", TTL).await.unwrap());
 }
 
 async fn fences_strictly_increase<S: Subject>(s: &S) {
-    let name = unique_name("fences");
+    let name = unique("fences");
     let holders = [lease(s, "holder-a"), lease(s, "holder-b")];
     let mut last = None;
     for i in 0..100 {
@@ -172,7 +172,7 @@ async fn fences_strictly_increase<S: Subject>(s: &S) {
 }
 
 async fn names_are_data<S: Subject>(s: &S) {
-    let tag = unique_name("n");
+    let tag = unique("n");
     let mut names: Vec<String> = [
         "it's",
         "it''s",
@@ -230,7 +230,7 @@ async fn invalid_input_is_rejected<S: Subject>(s: &S) {
     assert!(matches!(a.try_acquire("", TTL).await, Err(Error::InvalidName { len: 0 })));
     let long = "x".repeat(256);
     assert!(matches!(a.try_acquire(&long, TTL).await, Err(Error::InvalidName { len: 256 })));
-    let name = unique_name("ttl");
+    let name = unique("ttl");
     for ttl in [Duration::ZERO, ms(9), Duration::from_secs(86_400) + ms(1), Duration::from_micros(20_500)] {
         assert!(matches!(a.try_acquire(&name, ttl).await, Err(Error::InvalidTtl { .. })), "{ttl:?}");
     }
@@ -255,7 +255,7 @@ async fn table_names_are_validated<S: Subject>(s: &S) {
 }
 
 async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
-    let name = unique_name("contenders");
+    let name = unique("contenders");
     let pods: Vec<Lease> = (0..16).map(|i| lease(s, &format!("pod-{i:02}"))).collect();
     let mut last_fence = None;
     for round in 0..200 {
@@ -280,7 +280,7 @@ async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
 }
 
 async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
-    let name = unique_name("with-lease");
+    let name = unique("with-lease");
     let running = Arc::new(AtomicUsize::new(0));
     let ran = Arc::new(AtomicUsize::new(0));
     for _ in 0..10 {
@@ -303,7 +303,7 @@ async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
 }
 
 async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
-    let name = unique_name("stolen");
+    let name = unique("stolen");
     let ttl = ms(1_500);
     let holder = lease(s, "holder-a");
     let guard = holder.try_acquire(&name, ttl).await.unwrap().expect("free");
@@ -324,7 +324,7 @@ async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
 }
 
 async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
-    let name = unique_name("dropped");
+    let name = unique("dropped");
     let a = lease(s, "holder-a");
     let b = lease(s, "holder-b");
     drop(a.try_acquire(&name, TTL).await.unwrap().expect("free"));
@@ -341,7 +341,7 @@ async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
 }
 
 async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
-    let name = unique_name("renewed");
+    let name = unique("renewed");
     let ttl = ms(600);
     let a = lease(s, "holder-a");
     let b = &lease(s, "holder-b");

@@ -64,7 +64,10 @@ impl Memory {
     /// The holder of an unexpired lease on `name`, if any.
     pub fn holder(&self, name: &str) -> Option<String> {
         let now = Instant::now();
-        self.rows().get(name).filter(|r| r.live(now)).map(|r| r.holder.clone())
+        self.rows()
+            .get(name)
+            .filter(|r| r.live(now))
+            .map(|r| r.holder.clone())
     }
 
     /// The last fencing token handed out for `name` (0 if never acquired).
@@ -88,7 +91,12 @@ impl Memory {
 }
 
 impl Backend for Memory {
-    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>, Error> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
         let now = Instant::now();
         let mut rows = self.rows();
         let row = rows.entry(name.to_owned()).or_insert_with(|| Row {
@@ -120,10 +128,11 @@ impl Backend for Memory {
 
     async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
         let now = Instant::now();
-        if let Some(row) = self.rows().get_mut(name) {
-            if row.live(now) && row.holder == holder {
-                row.expires_at = now;
-            }
+        if let Some(row) = self.rows().get_mut(name)
+            && row.live(now)
+            && row.holder == holder
+        {
+            row.expires_at = now;
         }
         Ok(())
     }

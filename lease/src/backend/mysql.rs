@@ -1,0 +1,377 @@
+//! Leases in a MySQL or MariaDB table, with expiry decided by the server's clock.
+
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
+use sqlx::{AssertSqlSafe, MySqlPool};
+
+use super::sql::{self, Statements, Templates};
+use crate::{Backend, Error, Grant};
+
+/// `? * 1000` microseconds after the server's UTC clock; the ttl is bound in
+/// milliseconds.
+macro_rules! expiry {
+    () => {
+        "TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6))"
+    };
+}
+
+/// The row may be taken by the holder bound to `?`: it has expired (or was
+/// released), or that holder already has it.
+macro_rules! acquirable {
+    () => {
+        "(expires_at <= UTC_TIMESTAMP(6) OR holder = ?)"
+    };
+}
+
+const TEMPLATES: Templates = Templates {
+    create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             name VARBINARY(255) NOT NULL PRIMARY KEY,\n    \
+             holder VARBINARY(255) NOT NULL,\n    \
+             expires_at DATETIME(6) NOT NULL,\n    \
+             fence BIGINT NOT NULL\n\
+             ) ENGINE=InnoDB",
+    // One statement, no RETURNING: the fence comes back as the OK packet's
+    // "last insert id", set with LAST_INSERT_ID(expr):
+    // - a new row inserts fence 1 and sets it to 1;
+    // - on a duplicate key the fence is assigned FIRST (assignments run left
+    //   to right and see earlier assignments), while `holder` and
+    //   `expires_at` still hold the old row's values: if the row is
+    //   acquirable the new fence (kept for our own live lease, else + 1) is
+    //   both stored and set as the last insert id, otherwise the fence stays
+    //   and the last insert id is set to 0;
+    // - `holder` and then `expires_at` are changed under the same condition.
+    //   It evaluates the same after `holder` has been changed: if the row was
+    //   acquirable `holder` now equals ours (true), otherwise `holder` and
+    //   `expires_at` are unchanged (false).
+    // UTC_TIMESTAMP(6) is constant within one statement. The same values are
+    // bound again instead of using VALUES(col) (deprecated in MySQL 8) or a
+    // row alias (not in MariaDB). Affected rows say nothing here: sqlx sets
+    // CLIENT_FOUND_ROWS.
+    acquire: concat!(
+        "INSERT INTO {table} (name, holder, expires_at, fence) VALUES (?, ?, ",
+        expiry!(),
+        ", LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE fence = IF(",
+        acquirable!(),
+        ", LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ?, fence, fence + 1)), \
+         fence + LAST_INSERT_ID(0)), holder = IF(",
+        acquirable!(),
+        ", ?, holder), expires_at = IF(",
+        acquirable!(),
+        ", ",
+        expiry!(),
+        ", expires_at)"
+    ),
+    // sqlx always sets CLIENT_FOUND_ROWS, so "affected rows" of an UPDATE is
+    // the number of rows *matched*: 1 iff the lease was ours and live, even in
+    // the (theoretical) case that the new expiry equals the old one.
+    renew: concat!(
+        "UPDATE {table} SET expires_at = ",
+        expiry!(),
+        " WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)"
+    ),
+    release: "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) \
+              WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+};
+
+/// How many times a statement is tried when InnoDB reports a deadlock or a
+/// lock wait timeout (both roll back just that autocommit statement).
+const ATTEMPTS: u32 = 6;
+
+/// Leases stored in a MySQL 8 or MariaDB 10.6+ table, one row per lease name;
+/// the server's clock decides expiry, and every acquisition gets a fencing
+/// token.
+///
+/// The table (by default `task_leases`, see [`with_table`](Self::with_table))
+/// is an InnoDB table with the columns
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | `name` | `VARBINARY(255) NOT NULL PRIMARY KEY` | the lease name, as UTF-8 bytes |
+/// | `holder` | `VARBINARY(255) NOT NULL` | who holds (or last held) the lease |
+/// | `expires_at` | `DATETIME(6) NOT NULL` | when the lease ends, in UTC |
+/// | `fence` | `BIGINT NOT NULL` | the fencing counter of the name |
+///
+/// Names and holders are binary strings, compared byte for byte: with a text
+/// collation `"job"`, `"JOB"`, `"jöb"` and `"job "` could all be one lease.
+/// Create the table with [`ensure_schema`](Self::ensure_schema), or with your
+/// own migration tool from `migrations/mysql/0001_task_leases.sql`.
+///
+/// Guarantees:
+///
+/// - **Clock.** Expiry is computed by the server with `UTC_TIMESTAMP(6)`, so
+///   neither the replicas' clocks nor the session time zone matter.
+/// - **What ends a lease.** Its ttl running out without a renewal, or a
+///   release by its holder. A lease is live while `expires_at > UTC_TIMESTAMP(6)`.
+/// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
+///   acquisition of a name, one more for each later one, unchanged when the
+///   holder re-acquires its own live lease.
+/// - **Release keeps the row**: it sets `expires_at` to now, so the fence never
+///   restarts. Rows are never deleted by this crate.
+/// - **One statement per call**, in autocommit. Acquire is a single
+///   `INSERT .. ON DUPLICATE KEY UPDATE` that hands the fence back through
+///   `LAST_INSERT_ID(expr)` (so it also sets the connection's
+///   `LAST_INSERT_ID()`); renew and release are single `UPDATE`s matched on
+///   name, holder and expiry. Renew never inserts a row.
+/// - **Transient failures.** InnoDB may report a deadlock (error 1213) or a
+///   lock wait timeout (1205) when many replicas insert a new name at once;
+///   such a statement was rolled back, and it is retried a few times with a
+///   short random backoff before the error is returned.
+///
+/// Names and holders are always bind parameters. The table name is validated
+/// when the backend is built and then put into the statements, which are
+/// built once.
+///
+/// Cloning is cheap: a [`MySqlPool`] and reference-counted statements.
+///
+/// A call whose future is dropped (for example by a timeout) after its
+/// statement reached the server may still take effect: an acquisition the
+/// caller never learned of ends at its ttl, or is picked up by the same
+/// holder's next (idempotent) acquire.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lease::{Backend, backend::MySqlTable};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306/test").await?;
+/// let table = MySqlTable::new(pool);
+/// table.ensure_schema().await?;
+///
+/// let grant = table.acquire("nightly-report", "pod-a", Duration::from_secs(90)).await?;
+/// assert!(grant.is_some_and(|g| g.fencing_token >= Some(1)));
+/// assert!(table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?.is_none());
+/// table.release("nightly-report", "pod-a").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct MySqlTable {
+    pool: MySqlPool,
+    sql: Statements,
+}
+
+impl MySqlTable {
+    /// A backend on the table `task_leases` of `pool`'s current database.
+    ///
+    /// Nothing is sent to the server until the first call; create the table
+    /// with [`ensure_schema`](Self::ensure_schema) or a migration.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::MySqlTable;
+    ///
+    /// # async fn f() -> Result<(), lease::Error> {
+    /// let table = MySqlTable::new(sqlx::MySqlPool::connect("mysql://localhost/app").await?);
+    /// assert_eq!(table.table(), "task_leases");
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: MySqlPool) -> Self {
+        Self {
+            pool,
+            sql: Statements::default_table(&TEMPLATES),
+        }
+    }
+
+    /// The same backend on another table, `name` or `database.name`.
+    ///
+    /// The name must match `[A-Za-z_][A-Za-z0-9_]*` (at most 63 bytes), once or
+    /// twice separated by one `.`. A database must already exist.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::MySqlTable;
+    ///
+    /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), lease::Error> {
+    /// let table = MySqlTable::new(pool).with_table("jobs.leases")?;
+    /// table.ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTable`] when `table` is not such a name.
+    pub fn with_table(self, table: &str) -> Result<Self, Error> {
+        Ok(Self {
+            pool: self.pool,
+            sql: Statements::new(&TEMPLATES, table)?,
+        })
+    }
+
+    /// Creates the table if it does not exist.
+    ///
+    /// Idempotent, and safe to call from many connections or processes at
+    /// once (MySQL serialises `CREATE TABLE IF NOT EXISTS` with metadata
+    /// locks). It never touches sqlx's `_sqlx_migrations` table. The DDL is
+    /// the same as `migrations/mysql/0001_task_leases.sql`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), lease::Error> {
+    /// lease::backend::MySqlTable::new(pool).ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached or refuses the
+    /// statement (for example a missing database or privilege).
+    pub async fn ensure_schema(&self) -> Result<(), Error> {
+        sqlx::query(AssertSqlSafe(self.sql.create.clone()))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::MySqlTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(Vec<u8>, Vec<u8>, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > UTC_TIMESTAMP(6)",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table name, as given to [`with_table`](Self::with_table)
+    /// (`task_leases` by default).
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Runs one autocommit statement, retrying InnoDB deadlocks and lock wait
+    /// timeouts (the server rolled the statement back, so it is safe to run
+    /// it again).
+    async fn run<F, Fut>(&self, statement: F) -> Result<MySqlQueryResult, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<MySqlQueryResult, sqlx::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match statement().await {
+                Err(e) if attempt < ATTEMPTS && is_transient(&e) => {
+                    // 2, 4, 8, 16, 32 ms, each plus up to as much again at random,
+                    // so that the contenders do not collide again in lockstep.
+                    let base = 1u64 << attempt;
+                    let jitter = RandomState::new().hash_one(attempt) % (base + 1);
+                    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+                    attempt += 1;
+                }
+                result => return Ok(result?),
+            }
+        }
+    }
+}
+
+/// InnoDB deadlock (1213) or lock wait timeout (1205).
+fn is_transient(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(e) => e
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|e| matches!(e.number(), 1205 | 1213)),
+        _ => false,
+    }
+}
+
+impl Backend for MySqlTable {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        let ttl_ms = sql::check(name, holder, ttl)?;
+        let (name, holder) = (name.as_bytes(), holder.as_bytes());
+        let done = self
+            .run(|| {
+                sqlx::query(AssertSqlSafe(self.sql.acquire.clone()))
+                    // VALUES (name, holder, expiry)
+                    .bind(name)
+                    .bind(holder)
+                    .bind(ttl_ms)
+                    // fence = IF(acquirable, LAST_INSERT_ID(IF(ours and live, ..)), ..)
+                    .bind(holder)
+                    .bind(holder)
+                    // holder = IF(acquirable, holder, ..)
+                    .bind(holder)
+                    .bind(holder)
+                    // expires_at = IF(acquirable, expiry, ..)
+                    .bind(holder)
+                    .bind(ttl_ms)
+                    .execute(&self.pool)
+            })
+            .await?;
+        // 0: held by someone else. Fences start at 1, so 0 is never a fence.
+        Ok(match done.last_insert_id() {
+            0 => None,
+            fence => Some(Grant::new(Some(fence))),
+        })
+    }
+
+    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        let ttl_ms = sql::check(name, holder, ttl)?;
+        let (name, holder) = (name.as_bytes(), holder.as_bytes());
+        let done = self
+            .run(|| {
+                sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+                    .bind(ttl_ms)
+                    .bind(name)
+                    .bind(holder)
+                    .execute(&self.pool)
+            })
+            .await?;
+        // Matched rows, thanks to CLIENT_FOUND_ROWS (see the statement).
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        sql::check_no_ttl(name, holder)?;
+        let (name, holder) = (name.as_bytes(), holder.as_bytes());
+        self.run(|| {
+            sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                .bind(name)
+                .bind(holder)
+                .execute(&self.pool)
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_is_the_default_ddl() {
+        let ddl = Statements::default_table(&TEMPLATES).create;
+        assert_eq!(
+            include_str!("../../../migrations/mysql/0001_task_leases.sql"),
+            format!("{ddl};\n")
+        );
+    }
+
+    #[test]
+    fn acquire_binds_one_value_per_placeholder() {
+        // name, holder, ttl; fence: holder x2; holder: holder x2; expires_at: holder, ttl
+        assert_eq!(TEMPLATES.acquire.matches('?').count(), 9);
+        assert_eq!(TEMPLATES.renew.matches('?').count(), 3);
+        assert_eq!(TEMPLATES.release.matches('?').count(), 2);
+    }
+}

@@ -1,0 +1,283 @@
+//! Leases in a PostgreSQL table, with expiry decided by the server's clock.
+
+use std::time::Duration;
+
+use sqlx::{AssertSqlSafe, PgPool};
+
+use super::sql::{self, Statements, Templates};
+use crate::{Backend, Error, Grant};
+
+const TEMPLATES: Templates = Templates {
+    create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             name TEXT PRIMARY KEY,\n    \
+             holder TEXT NOT NULL,\n    \
+             expires_at TIMESTAMPTZ NOT NULL,\n    \
+             fence BIGINT NOT NULL\n)",
+    // One statement: insert a new row, or take over an expired (or released)
+    // row, or extend our own live row. The fence counts acquisitions; only
+    // the idempotent re-acquire of our own live lease keeps it. When the row
+    // is held by someone else the WHERE fails and nothing is returned.
+    acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
+              VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1) \
+              ON CONFLICT (name) DO UPDATE SET \
+              holder = EXCLUDED.holder, \
+              expires_at = EXCLUDED.expires_at, \
+              fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
+              THEN l.fence ELSE l.fence + 1 END \
+              WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
+              RETURNING fence",
+    renew: "UPDATE {table} \
+            SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
+            WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
+    release: "UPDATE {table} SET expires_at = clock_timestamp() \
+              WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
+};
+
+/// The advisory lock that serialises [`PgTable::ensure_schema`] across
+/// connections: concurrent `CREATE TABLE IF NOT EXISTS` of one table can fail
+/// on PostgreSQL with a unique violation in `pg_type`.
+///
+/// It lives in the two-`int4` key space, which PostgreSQL keeps apart from
+/// the single-`bigint` key space used by sqlx's `PgAdvisoryLock` (and so by
+/// lease names in `PgAdvisory`): the two can never collide. `0x6c656173` is
+/// `"leas"` in ASCII.
+const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
+
+/// Leases stored in a PostgreSQL table, one row per lease name; the server's
+/// clock decides expiry, and every acquisition gets a fencing token.
+///
+/// The table (by default `task_leases`, see [`with_table`](Self::with_table))
+/// has the columns
+///
+/// | column | type | meaning |
+/// |---|---|---|
+/// | `name` | `TEXT PRIMARY KEY` | the lease name, compared byte for byte |
+/// | `holder` | `TEXT NOT NULL` | who holds (or last held) the lease |
+/// | `expires_at` | `TIMESTAMPTZ NOT NULL` | when the lease ends |
+/// | `fence` | `BIGINT NOT NULL` | the fencing counter of the name |
+///
+/// Create it with [`ensure_schema`](Self::ensure_schema), or with your own
+/// migration tool from `migrations/postgres/0001_task_leases.sql`.
+///
+/// Guarantees:
+///
+/// - **Clock.** Expiry is computed by the server with `clock_timestamp()`
+///   (the wall clock at the moment the statement runs, not `now()`, which is
+///   frozen at the start of the transaction). The clocks of the replicas do
+///   not matter.
+/// - **What ends a lease.** Its ttl running out without a renewal, or a
+///   release by its holder. A lease is live while `expires_at > clock_timestamp()`.
+/// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
+///   acquisition of a name, one more for each later one, unchanged when the
+///   holder re-acquires its own live lease. Pass it to the systems the job
+///   writes to so that they can reject a stale holder.
+/// - **Release keeps the row**: it sets `expires_at` to now, so the fence never
+///   restarts. Rows are never deleted by this crate; delete rows of names you
+///   no longer use yourself, if ever (they are small).
+/// - **One statement per call**, in autocommit: acquire is a single
+///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`, renew
+///   and release are single `UPDATE`s matched on name, holder and expiry.
+///   Renew never inserts a row.
+///
+/// Names and holders are always bind parameters. The table name is validated
+/// when the backend is built and then put into the statements, which are
+/// built once. Names containing a NUL byte cannot be stored in a `TEXT` column
+/// and fail with [`Error::Database`].
+///
+/// Cloning is cheap: a [`PgPool`] and reference-counted statements.
+///
+/// A call whose future is dropped (for example by a timeout) after its
+/// statement reached the server may still take effect: an acquisition the
+/// caller never learned of ends at its ttl, or is picked up by the same
+/// holder's next (idempotent) acquire.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lease::{Backend, backend::PgTable};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+/// let table = PgTable::new(pool);
+/// table.ensure_schema().await?;
+///
+/// let grant = table.acquire("nightly-report", "pod-a", Duration::from_secs(90)).await?;
+/// assert!(grant.is_some_and(|g| g.fencing_token >= Some(1)));
+/// assert!(table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?.is_none());
+/// table.release("nightly-report", "pod-a").await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgTable {
+    pool: PgPool,
+    sql: Statements,
+}
+
+impl PgTable {
+    /// A backend on the table `task_leases` of `pool`'s database (found by the
+    /// connections' `search_path`).
+    ///
+    /// Nothing is sent to the server until the first call; create the table
+    /// with [`ensure_schema`](Self::ensure_schema) or a migration.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::PgTable;
+    ///
+    /// # async fn f() -> Result<(), lease::Error> {
+    /// let table = PgTable::new(sqlx::PgPool::connect("postgres://localhost/app").await?);
+    /// assert_eq!(table.table(), "task_leases");
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: PgPool) -> Self {
+        Self {
+            pool,
+            sql: Statements::default_table(&TEMPLATES),
+        }
+    }
+
+    /// The same backend on another table, `name` or `schema.name`.
+    ///
+    /// The name must match `[A-Za-z_][A-Za-z0-9_]*` (at most 63 bytes), once or
+    /// twice separated by one `.`; it is used unquoted, so PostgreSQL folds it
+    /// to lower case. A schema must already exist.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::PgTable;
+    ///
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let table = PgTable::new(pool).with_table("jobs.leases")?;
+    /// table.ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTable`] when `table` is not such a name.
+    pub fn with_table(self, table: &str) -> Result<Self, Error> {
+        Ok(Self {
+            pool: self.pool,
+            sql: Statements::new(&TEMPLATES, table)?,
+        })
+    }
+
+    /// Creates the table if it does not exist.
+    ///
+    /// Idempotent, and safe to call from many connections or processes at
+    /// once: the `CREATE TABLE IF NOT EXISTS` runs in a short transaction
+    /// that first takes a transaction-scoped advisory lock (the key pair
+    /// `(1818583411, 1)`), because concurrent `CREATE TABLE IF NOT EXISTS`
+    /// statements can otherwise fail with a unique violation. It never touches
+    /// sqlx's `_sqlx_migrations` table. The DDL is the same as
+    /// `migrations/postgres/0001_task_leases.sql`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// lease::backend::PgTable::new(pool).ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached or refuses the
+    /// statement (for example a missing schema or privilege).
+    pub async fn ensure_schema(&self) -> Result<(), Error> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+            .bind(SCHEMA_LOCK.0)
+            .bind(SCHEMA_LOCK.1)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(AssertSqlSafe(self.sql.create.clone()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::PgTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(String, String, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > clock_timestamp()",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table name, as given to [`with_table`](Self::with_table)
+    /// (`task_leases` by default).
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+}
+
+impl Backend for PgTable {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        let ttl_ms = sql::check(name, holder, ttl)?;
+        let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.acquire.clone()))
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_ms)
+            .fetch_optional(&self.pool)
+            .await?;
+        fence
+            .map(|f| Ok(Grant::new(Some(sql::fence(f)?))))
+            .transpose()
+    }
+
+    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        let ttl_ms = sql::check(name, holder, ttl)?;
+        let done = sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        sql::check_no_ttl(name, holder)?;
+        sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+            .bind(name)
+            .bind(holder)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migration_is_the_default_ddl() {
+        let ddl = Statements::default_table(&TEMPLATES).create;
+        assert_eq!(
+            include_str!("../../../migrations/postgres/0001_task_leases.sql"),
+            format!("{ddl};\n")
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! What the three table backends (`PgTable`, `MySqlTable`, `SqliteTable`) share:
+//! the validated table name, the statements built from it once, and the
+//! conversion of inputs to bind parameters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Error, validate};
+
+/// The table used by `X::new(pool)`.
+pub(crate) const DEFAULT_TABLE: &str = "task_leases";
+
+/// The placeholder for the table name in the SQL templates of the backends.
+const TABLE: &str = "{table}";
+
+/// SQL templates of one backend; `{table}` stands for the table name.
+pub(crate) struct Templates {
+    pub(crate) create: &'static str,
+    pub(crate) acquire: &'static str,
+    pub(crate) renew: &'static str,
+    pub(crate) release: &'static str,
+}
+
+/// The statements of one table backend, built once from a validated table
+/// name. Cloning is a few reference-count increments.
+#[derive(Clone, Debug)]
+pub(crate) struct Statements {
+    pub(crate) table: Arc<str>,
+    pub(crate) create: Arc<str>,
+    pub(crate) acquire: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) release: Arc<str>,
+}
+
+impl Statements {
+    /// Validates `table` (see [`validate::table`]) and fills it into `templates`.
+    ///
+    /// This is the only place where text that did not come from this crate's
+    /// source is put into SQL, and it is an identifier of `[A-Za-z0-9_]` with at
+    /// most one `.`: it cannot contain quotes, comments, whitespace or `;`.
+    pub(crate) fn new(templates: &Templates, table: &str) -> Result<Self, Error> {
+        validate::table(table)?;
+        let fill = |template: &str| -> Arc<str> {
+            debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
+            template.replace(TABLE, table).into()
+        };
+        Ok(Self {
+            table: table.into(),
+            create: fill(templates.create),
+            acquire: fill(templates.acquire),
+            renew: fill(templates.renew),
+            release: fill(templates.release),
+        })
+    }
+
+    /// The statements for [`DEFAULT_TABLE`].
+    pub(crate) fn default_table(templates: &Templates) -> Self {
+        Self::new(templates, DEFAULT_TABLE).expect("BUG: the default table name is valid")
+    }
+}
+
+/// Checks the inputs of a backend call the way the engine does, and returns
+/// the ttl in whole milliseconds, the unit all three backends bind.
+///
+/// The engine validates before calling a backend, but the backends are public
+/// and may be called directly; an over-long name must never be truncated by a
+/// lenient server into a different (colliding) name, and a huge ttl must not
+/// overflow the SQL arithmetic.
+pub(crate) fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
+    validate::name(name)?;
+    validate::holder(holder)?;
+    ttl_ms(ttl)
+}
+
+/// Like [`check`], for calls without a ttl (`release`).
+pub(crate) fn check_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
+    validate::name(name)?;
+    validate::holder(holder)
+}
+
+/// A valid ttl (10 ms ..= 24 h, whole ms) as integer milliseconds.
+pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64, Error> {
+    validate::ttl(ttl)?;
+    // At most 86_400_000, so the conversion cannot fail.
+    Ok(i64::try_from(ttl.as_millis()).expect("BUG: a valid ttl fits in i64 milliseconds"))
+}
+
+/// A fencing token read back from the `fence` column (`MySqlTable` reads it
+/// as an unsigned "last insert id" instead).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn fence(fence: i64) -> Result<u64, Error> {
+    match u64::try_from(fence) {
+        Ok(fence) if fence > 0 => Ok(fence),
+        _ => Err(Error::Protocol(format!(
+            "the fence column holds {fence}; fencing tokens start at 1 and only grow"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Templates = Templates {
+        create: "CREATE {table}",
+        acquire: "ACQUIRE {table} {table}",
+        renew: "RENEW {table}",
+        release: "RELEASE {table}",
+    };
+
+    #[test]
+    fn statements_are_filled_with_the_validated_table() {
+        let s = Statements::new(&T, "my_schema.leases").expect("valid");
+        assert_eq!(&*s.table, "my_schema.leases");
+        assert_eq!(&*s.create, "CREATE my_schema.leases");
+        assert_eq!(&*s.acquire, "ACQUIRE my_schema.leases my_schema.leases");
+        assert_eq!(&*s.renew, "RENEW my_schema.leases");
+        assert_eq!(&*s.release, "RELEASE my_schema.leases");
+        assert_eq!(&*Statements::default_table(&T).table, "task_leases");
+    }
+
+    #[test]
+    fn invalid_tables_are_rejected() {
+        for bad in ["leases; drop table x", "a b", "`x`", "x--", "a.b.c", ""] {
+            assert!(
+                matches!(Statements::new(&T, bad), Err(Error::InvalidTable { ref table }) if table == bad),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(check("n", "h", ms(10)).ok(), Some(10));
+        assert_eq!(check("n", "h", ms(86_400_000)).ok(), Some(86_400_000));
+        assert!(matches!(
+            check("n", "h", ms(9)),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            check("n", "h", Duration::MAX),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            check("", "h", ms(10)),
+            Err(Error::InvalidName { len: 0 })
+        ));
+        assert!(matches!(
+            check(&"x".repeat(256), "h", ms(10)),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            check_no_ttl("n", ""),
+            Err(Error::InvalidHolder { len: 0 })
+        ));
+        assert!(check_no_ttl(&"x".repeat(255), &"y".repeat(255)).is_ok());
+    }
+
+    #[test]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    fn fences_must_be_positive() {
+        assert_eq!(fence(1).ok(), Some(1));
+        assert_eq!(fence(i64::MAX).ok(), Some(i64::MAX as u64));
+        assert!(matches!(fence(0), Err(Error::Protocol(_))));
+        assert!(matches!(fence(-1), Err(Error::Protocol(_))));
+    }
+}

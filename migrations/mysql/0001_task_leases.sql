@@ -1,0 +1,6 @@
+CREATE TABLE IF NOT EXISTS task_leases (
+    name VARBINARY(255) NOT NULL PRIMARY KEY,
+    holder VARBINARY(255) NOT NULL,
+    expires_at DATETIME(6) NOT NULL,
+    fence BIGINT NOT NULL
+) ENGINE=InnoDB;
