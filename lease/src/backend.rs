@@ -215,9 +215,6 @@ impl<B: Backend> Backend for Arc<B> {
 }
 
 /// Object-safe mirror of [`Backend`], so that [`Lease`](crate::Lease) need not be generic.
-// Used by the engine (`Lease`), which lands on another branch; `allow`, not
-// `expect`, so that it stays harmless after the merge.
-#[allow(dead_code)]
 pub(crate) trait DynBackend: Send + Sync + 'static {
     fn acquire<'a>(
         &'a self,

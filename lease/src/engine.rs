@@ -63,7 +63,9 @@ pub(crate) fn release_timeout(ttl: Duration) -> Duration {
 pub(crate) fn retry_delay(ttl: Duration, failures: u32) -> Duration {
     let base = (ttl / 30).clamp(Duration::from_millis(1), Duration::from_millis(500));
     let factor = 1u32 << failures.saturating_sub(1).min(16);
-    base.saturating_mul(factor).min(ttl / 6).max(Duration::from_millis(1))
+    base.saturating_mul(factor)
+        .min(ttl / 6)
+        .max(Duration::from_millis(1))
 }
 
 /// A lease held through one [`Lease`](crate::Lease): shared by its guard and the scheduler.
@@ -152,7 +154,9 @@ pub(crate) struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("holder", &self.holder).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("holder", &self.holder)
+            .finish_non_exhaustive()
     }
 }
 
@@ -164,7 +168,12 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Engine {
     pub(crate) fn new(backend: Box<dyn DynBackend>, holder: Arc<str>) -> Self {
-        Self { backend, holder, names: Mutex::new(Names::default()), wake: Notify::new() }
+        Self {
+            backend,
+            holder,
+            names: Mutex::new(Names::default()),
+            wake: Notify::new(),
+        }
     }
 
     fn names(&self) -> MutexGuard<'_, Names> {
@@ -180,7 +189,10 @@ impl Engine {
         }
         let name: Arc<str> = name.into();
         names.slots.insert(name.clone(), Slot::Busy);
-        Some(Reservation { engine: self.clone(), name: Some(name) })
+        Some(Reservation {
+            engine: self.clone(),
+            name: Some(name),
+        })
     }
 
     /// Acquire `name` through the backend, within its timeout. `t_send` is
@@ -197,14 +209,28 @@ impl Engine {
             Ok(Ok(Some(grant))) => grant,
             Ok(Ok(None)) => return Ok(None),
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(Error::Timeout { operation: "acquire", after: limit }),
+            Err(_) => {
+                return Err(Error::Timeout {
+                    operation: "acquire",
+                    after: limit,
+                });
+            }
         };
         Ok(Some(self.hold(reservation, ttl, grant, t_send)))
     }
 
     /// Turn a reservation into a held lease and hand it to the scheduler.
-    fn hold(self: &Arc<Self>, mut reservation: Reservation, ttl: Duration, grant: Grant, t_send: Instant) -> Arc<Entry> {
-        let name = reservation.name.take().expect("BUG: reservation used twice");
+    fn hold(
+        self: &Arc<Self>,
+        mut reservation: Reservation,
+        ttl: Duration,
+        grant: Grant,
+        t_send: Instant,
+    ) -> Arc<Entry> {
+        let name = reservation
+            .name
+            .take()
+            .expect("BUG: reservation used twice");
         let entry = Arc::new(Entry {
             name: name.clone(),
             ttl,
@@ -269,7 +295,10 @@ impl Engine {
     /// the name when done even if nobody awaits the returned handle. `None`
     /// if it was already stopped, or if no runtime is available (the name is
     /// then freed at once and the lease ends at its ttl).
-    pub(crate) fn release(self: &Arc<Self>, entry: &Arc<Entry>) -> Option<JoinHandle<Result<(), Error>>> {
+    pub(crate) fn release(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+    ) -> Option<JoinHandle<Result<(), Error>>> {
         if !self.stop(entry) {
             return None;
         }
@@ -281,7 +310,10 @@ impl Engine {
                 return None;
             }
         };
-        let free = Forget { engine: self.clone(), name: entry.name.clone() };
+        let free = Forget {
+            engine: self.clone(),
+            name: entry.name.clone(),
+        };
         let ttl = entry.ttl;
         Some(handle.spawn(async move {
             let engine = &free.engine;
@@ -363,7 +395,10 @@ struct Scheduler {
 
 impl Scheduler {
     fn new(engine: Arc<Engine>) -> Self {
-        Self { engine, finished: false }
+        Self {
+            engine,
+            finished: false,
+        }
     }
 
     async fn run(mut self) {
@@ -397,14 +432,23 @@ impl Scheduler {
     /// lease is left to renew.
     fn plan(&self, now: Instant) -> Plan {
         let engine = &self.engine;
-        let mut plan = Plan { live: false, due: Vec::new(), release: Vec::new(), wake_at: now + Duration::from_secs(3600) };
+        let mut plan = Plan {
+            live: false,
+            due: Vec::new(),
+            release: Vec::new(),
+            wake_at: now + Duration::from_secs(3600),
+        };
         let mut live = Vec::new();
         let mut names = engine.names();
         for slot in names.slots.values() {
             let Slot::Held(entry) = slot else { continue };
             let mut t = entry.timing();
             if t.state == State::Live && now >= t.deadline {
-                entry.lose(&mut t, &engine.holder, "its deadline passed without a successful renewal");
+                entry.lose(
+                    &mut t,
+                    &engine.holder,
+                    "its deadline passed without a successful renewal",
+                );
             }
             match (t.state, t.release_at) {
                 // Handed to the scheduler for a delayed release (`min_hold`):
@@ -455,7 +499,11 @@ impl Scheduler {
         let holder = &*self.engine.holder;
         if let Ok(v) = &sent.result {
             if v.len() != sent.entries.len() {
-                let msg = format!("renew_many answered {} results for {} leases", v.len(), sent.entries.len());
+                let msg = format!(
+                    "renew_many answered {} results for {} leases",
+                    v.len(),
+                    sent.entries.len()
+                );
                 sent.result = Err(Error::Protocol(msg));
             }
         }
@@ -466,7 +514,11 @@ impl Scheduler {
                 continue;
             }
             if now >= t.deadline {
-                entry.lose(&mut t, holder, "its deadline passed before a renewal succeeded");
+                entry.lose(
+                    &mut t,
+                    holder,
+                    "its deadline passed before a renewal succeeded",
+                );
                 continue;
             }
             match sent.result.as_ref().map(|v| v[i]) {
@@ -477,7 +529,11 @@ impl Scheduler {
                     tracing::trace!(lease.name = %entry.name, holder, "lease renewed");
                 }
                 Ok(false) => {
-                    entry.lose(&mut t, holder, "the backend says it is no longer ours (expired, released or taken over)");
+                    entry.lose(
+                        &mut t,
+                        holder,
+                        "the backend says it is no longer ours (expired, released or taken over)",
+                    );
                 }
                 Err(e) => {
                     t.failures += 1;
@@ -510,7 +566,11 @@ impl Drop for Scheduler {
         for slot in names.slots.values() {
             if let Slot::Held(entry) = slot {
                 let mut t = entry.timing();
-                entry.lose(&mut t, &self.engine.holder, "the runtime running its renewals shut down");
+                entry.lose(
+                    &mut t,
+                    &self.engine.holder,
+                    "the runtime running its renewals shut down",
+                );
             }
         }
     }
@@ -533,7 +593,11 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, t_send: Instant) ->
     let holder = &*engine.holder;
     let call = async {
         if let [entry] = entries.as_slice() {
-            engine.backend.renew(&entry.name, holder, entry.ttl).await.map(|ok| vec![ok])
+            engine
+                .backend
+                .renew(&entry.name, holder, entry.ttl)
+                .await
+                .map(|ok| vec![ok])
         } else {
             let leases: Vec<(&str, Duration)> = entries.iter().map(|e| (&*e.name, e.ttl)).collect();
             engine.backend.renew_many(holder, &leases).await
@@ -541,9 +605,16 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, t_send: Instant) ->
     };
     let result = match timeout(limit, call).await {
         Ok(r) => r,
-        Err(_) => Err(Error::Timeout { operation: "renew", after: limit }),
+        Err(_) => Err(Error::Timeout {
+            operation: "renew",
+            after: limit,
+        }),
     };
-    Sent { entries, t_send, result }
+    Sent {
+        entries,
+        t_send,
+        result,
+    }
 }
 
 #[cfg(test)]

@@ -26,7 +26,9 @@ static GLOBAL: OnceLock<Lease> = OnceLock::new();
 /// [`Error::GlobalDefaultAlreadySet`] if a default is already installed; the
 /// first one stays.
 pub fn set_global_default(lease: Lease) -> Result<(), Error> {
-    GLOBAL.set(lease).map_err(|_| Error::GlobalDefaultAlreadySet)
+    GLOBAL
+        .set(lease)
+        .map_err(|_| Error::GlobalDefaultAlreadySet)
 }
 
 /// The default installed by [`set_global_default`], if any.

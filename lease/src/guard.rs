@@ -40,7 +40,11 @@ impl std::fmt::Debug for LeaseGuard {
 
 impl LeaseGuard {
     pub(crate) fn new(engine: Arc<Engine>, entry: Arc<Entry>) -> Self {
-        Self { engine, entry, disarmed: false }
+        Self {
+            engine,
+            entry,
+            disarmed: false,
+        }
     }
 
     /// The lease's name.

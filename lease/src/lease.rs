@@ -55,7 +55,9 @@ pub struct Lease {
 
 impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lease").field("holder", &self.holder()).finish_non_exhaustive()
+        f.debug_struct("Lease")
+            .field("holder", &self.holder())
+            .finish_non_exhaustive()
     }
 }
 
@@ -78,7 +80,9 @@ impl Lease {
     /// every acquisition fails with [`Error::InvalidHolder`].
     pub fn with_holder(backend: impl Backend, holder: impl Into<String>) -> Lease {
         let holder: String = holder.into();
-        Lease { engine: Arc::new(Engine::new(Box::new(backend), holder.into())) }
+        Lease {
+            engine: Arc::new(Engine::new(Box::new(backend), holder.into())),
+        }
     }
 
     /// This `Lease`'s holder identity, as stored by the backend.
@@ -146,7 +150,11 @@ impl Lease {
         let guard = match self.try_acquire(name, ttl).await {
             Ok(Some(guard)) => guard,
             Ok(None) => {
-                tracing::debug!(lease.name = name, holder = self.holder(), "skipped: lease held elsewhere");
+                tracing::debug!(
+                    lease.name = name,
+                    holder = self.holder(),
+                    "skipped: lease held elsewhere"
+                );
                 return Outcome::Skipped(Skip::HeldElsewhere);
             }
             Err(error) => {
@@ -213,7 +221,11 @@ impl Lease {
     /// and nothing renews the lease; a request that already reached the
     /// backend may still have taken it, and it then ends at its ttl (the same
     /// holder may re-acquire it at once).
-    pub async fn try_acquire(&self, name: &str, ttl: Duration) -> Result<Option<LeaseGuard>, Error> {
+    pub async fn try_acquire(
+        &self,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseGuard>, Error> {
         validate::name(name)?;
         validate::ttl(ttl)?;
         validate::holder(self.holder())?;
@@ -239,8 +251,14 @@ impl Lease {
 /// `"{hostname}-{pid}-{8 hex digits}"`, the hostname shortened so the whole
 /// fits the 255-byte holder limit.
 fn default_holder() -> String {
-    let host = hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default();
-    let mut host = if host.is_empty() { "unknown-host".to_owned() } else { host };
+    let host = hostname::get()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut host = if host.is_empty() {
+        "unknown-host".to_owned()
+    } else {
+        host
+    };
     let mut cut = host.len().min(200);
     while !host.is_char_boundary(cut) {
         cut -= 1;
@@ -267,6 +285,10 @@ mod tests {
         assert!(random.bytes().all(|b| b.is_ascii_hexdigit()));
         assert_eq!(pid, std::process::id().to_string());
         assert!(!host.is_empty());
-        assert_ne!(default_holder(), holder, "two holders of one process must differ");
+        assert_ne!(
+            default_holder(),
+            holder,
+            "two holders of one process must differ"
+        );
     }
 }

@@ -18,5 +18,11 @@ pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;
 pub use lease::Lease;
 pub use outcome::{Outcome, Skip};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use sqlx;
 pub use tokio_util::sync::CancellationToken;
 pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};

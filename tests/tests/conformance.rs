@@ -16,9 +16,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lease::backend::Memory;
+use lease::backend::{Memory, MySqlTable, PgTable, SqliteTable};
 use lease::{Backend, Error, Lease, Outcome, Skip};
-use lease_tests::unique;
+use lease_tests::{TempDb, unique};
+use sqlx::AssertSqlSafe;
 use tokio::time::{Instant, sleep, timeout};
 
 /// How a backend's guarantees differ from the table backends'.
@@ -64,10 +65,20 @@ fn ms(n: u64) -> Duration {
 async fn exclusive_between_two_holders<S: Subject>(s: &S) {
     let name = unique("exclusive");
     let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
-    let guard = a.try_acquire(&name, TTL).await.unwrap().expect("free lease");
-    assert!(b.try_acquire(&name, TTL).await.unwrap().is_none(), "b acquired a held lease");
+    let guard = a
+        .try_acquire(&name, TTL)
+        .await
+        .unwrap()
+        .expect("free lease");
+    assert!(
+        b.try_acquire(&name, TTL).await.unwrap().is_none(),
+        "b acquired a held lease"
+    );
     let skipped = b.with_lease(&name, TTL, |_| async { "b ran" }).await;
-    assert!(matches!(skipped, Outcome::Skipped(Skip::HeldElsewhere)), "{skipped:?}");
+    assert!(
+        matches!(skipped, Outcome::Skipped(Skip::HeldElsewhere)),
+        "{skipped:?}"
+    );
     guard.release().await.unwrap();
     let out = b.with_lease(&name, TTL, |_| async { "b ran" }).await;
     assert_eq!(out.into_result().unwrap(), Some("b ran"));
@@ -76,18 +87,37 @@ async fn exclusive_between_two_holders<S: Subject>(s: &S) {
 async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
     let name = unique("idempotent");
     let b = s.backend();
-    let first = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
-    let again = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("same holder re-acquires");
+    let first = b
+        .acquire(&name, "holder-a", TTL)
+        .await
+        .unwrap()
+        .expect("free");
+    let again = b
+        .acquire(&name, "holder-a", TTL)
+        .await
+        .unwrap()
+        .expect("same holder re-acquires");
     assert_eq!(first.fencing_token, again.fencing_token);
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none());
     b.release(&name, "holder-a").await.unwrap();
     // A Lease with the same holder (say, a restarted process that kept its
     // identity) re-acquires a live lease idempotently too.
-    let g = b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free after release");
-    let twin = lease(s, "holder-a").try_acquire(&name, TTL).await.unwrap().expect("same holder");
+    let g = b
+        .acquire(&name, "holder-a", TTL)
+        .await
+        .unwrap()
+        .expect("free after release");
+    let twin = lease(s, "holder-a")
+        .try_acquire(&name, TTL)
+        .await
+        .unwrap()
+        .expect("same holder");
     assert_eq!(twin.fencing_token(), g.fencing_token);
     if s.caps().fencing {
-        assert!(g.fencing_token > first.fencing_token, "release then re-acquire is a new acquisition");
+        assert!(
+            g.fencing_token > first.fencing_token,
+            "release then re-acquire is a new acquisition"
+        );
     }
     twin.release().await.unwrap();
 }
@@ -96,10 +126,18 @@ async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
     let name = unique("takeover");
     let b = s.backend();
     let ttl = ms(300);
-    let first = b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    let first = b
+        .acquire(&name, "holder-a", ttl)
+        .await
+        .unwrap()
+        .expect("free");
     assert!(b.acquire(&name, "holder-b", ttl).await.unwrap().is_none());
     sleep(ttl + ms(200)).await; // nobody renews
-    let second = b.acquire(&name, "holder-b", TTL).await.unwrap().expect("expired lease is free");
+    let second = b
+        .acquire(&name, "holder-b", TTL)
+        .await
+        .unwrap()
+        .expect("expired lease is free");
     if s.caps().fencing {
         assert!(second.fencing_token.unwrap() > first.fencing_token.unwrap());
     }
@@ -111,22 +149,43 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
     let ttl = ms(300);
 
     let name = unique("renew-takeover");
-    b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    b.acquire(&name, "holder-a", ttl)
+        .await
+        .unwrap()
+        .expect("free");
     assert!(b.renew(&name, "holder-a", ttl).await.unwrap());
     sleep(ttl + ms(200)).await;
-    b.acquire(&name, "holder-b", TTL).await.unwrap().expect("expired lease is free");
-    assert!(!b.renew(&name, "holder-a", ttl).await.unwrap(), "renewed someone else's lease");
+    b.acquire(&name, "holder-b", TTL)
+        .await
+        .unwrap()
+        .expect("expired lease is free");
+    assert!(
+        !b.renew(&name, "holder-a", ttl).await.unwrap(),
+        "renewed someone else's lease"
+    );
     assert!(b.renew(&name, "holder-b", TTL).await.unwrap());
 
     let name = unique("renew-release");
-    b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
+    b.acquire(&name, "holder-a", TTL)
+        .await
+        .unwrap()
+        .expect("free");
     b.release(&name, "holder-a").await.unwrap();
-    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed a released lease");
+    assert!(
+        !b.renew(&name, "holder-a", TTL).await.unwrap(),
+        "renewed a released lease"
+    );
 
     let name = unique("renew-expiry");
-    b.acquire(&name, "holder-a", ttl).await.unwrap().expect("free");
+    b.acquire(&name, "holder-a", ttl)
+        .await
+        .unwrap()
+        .expect("free");
     sleep(ttl + ms(200)).await;
-    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap(), "renewed an expired lease");
+    assert!(
+        !b.renew(&name, "holder-a", TTL).await.unwrap(),
+        "renewed an expired lease"
+    );
     // ...and the failed renewals did not bring it back.
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_some());
 }
@@ -135,7 +194,11 @@ async fn renew_never_inserts<S: Subject>(s: &S) {
     let name = unique("renew-insert");
     let b = s.backend();
     assert!(!b.renew(&name, "holder-a", TTL).await.unwrap());
-    let g = b.acquire(&name, "holder-b", TTL).await.unwrap().expect("renew must not have created a lease");
+    let g = b
+        .acquire(&name, "holder-b", TTL)
+        .await
+        .unwrap()
+        .expect("renew must not have created a lease");
     if s.caps().fencing {
         assert_eq!(g.fencing_token, Some(1));
     }
@@ -144,10 +207,16 @@ async fn renew_never_inserts<S: Subject>(s: &S) {
 async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
     let name = unique("release-other");
     let b = s.backend();
-    b.acquire(&name, "holder-a", TTL).await.unwrap().expect("free");
+    b.acquire(&name, "holder-a", TTL)
+        .await
+        .unwrap()
+        .expect("free");
     b.release(&name, "holder-b").await.unwrap();
     b.release(&unique("never-seen"), "holder-b").await.unwrap();
-    assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none(), "a stranger released our lease");
+    assert!(
+        b.acquire(&name, "holder-b", TTL).await.unwrap().is_none(),
+        "a stranger released our lease"
+    );
     assert!(b.renew(&name, "holder-a", TTL).await.unwrap());
 }
 
@@ -156,7 +225,11 @@ async fn fences_strictly_increase<S: Subject>(s: &S) {
     let holders = [lease(s, "holder-a"), lease(s, "holder-b")];
     let mut last = None;
     for i in 0..100 {
-        let guard = holders[i % 2].try_acquire(&name, TTL).await.unwrap().expect("released lease is free");
+        let guard = holders[i % 2]
+            .try_acquire(&name, TTL)
+            .await
+            .unwrap()
+            .expect("released lease is free");
         let fence = guard.fencing_token();
         if s.caps().fencing {
             let fence = fence.expect("fencing backend gave no token");
@@ -210,36 +283,69 @@ async fn names_are_data<S: Subject>(s: &S) {
     let b = lease(s, "holder-b");
     let mut guards = Vec::new();
     for name in &names {
-        let g = a.try_acquire(name, TTL).await.unwrap_or_else(|e| panic!("{name:?}: {e}"));
+        let g = a
+            .try_acquire(name, TTL)
+            .await
+            .unwrap_or_else(|e| panic!("{name:?}: {e}"));
         guards.push(g.unwrap_or_else(|| panic!("{name:?} collided with another name")));
     }
     for name in &names {
-        assert!(b.try_acquire(name, TTL).await.unwrap().is_none(), "{name:?} not held");
+        assert!(
+            b.try_acquire(name, TTL).await.unwrap().is_none(),
+            "{name:?} not held"
+        );
     }
     for g in guards {
         assert!(g.is_valid());
         g.release().await.unwrap();
     }
     for name in &names {
-        assert!(b.try_acquire(name, TTL).await.unwrap().is_some(), "{name:?} not released");
+        assert!(
+            b.try_acquire(name, TTL).await.unwrap().is_some(),
+            "{name:?} not released"
+        );
     }
 }
 
 async fn invalid_input_is_rejected<S: Subject>(s: &S) {
     let a = lease(s, "holder-a");
-    assert!(matches!(a.try_acquire("", TTL).await, Err(Error::InvalidName { len: 0 })));
+    assert!(matches!(
+        a.try_acquire("", TTL).await,
+        Err(Error::InvalidName { len: 0 })
+    ));
     let long = "x".repeat(256);
-    assert!(matches!(a.try_acquire(&long, TTL).await, Err(Error::InvalidName { len: 256 })));
+    assert!(matches!(
+        a.try_acquire(&long, TTL).await,
+        Err(Error::InvalidName { len: 256 })
+    ));
     let name = unique("ttl");
-    for ttl in [Duration::ZERO, ms(9), Duration::from_secs(86_400) + ms(1), Duration::from_micros(20_500)] {
-        assert!(matches!(a.try_acquire(&name, ttl).await, Err(Error::InvalidTtl { .. })), "{ttl:?}");
+    for ttl in [
+        Duration::ZERO,
+        ms(9),
+        Duration::from_secs(86_400) + ms(1),
+        Duration::from_micros(20_500),
+    ] {
+        assert!(
+            matches!(
+                a.try_acquire(&name, ttl).await,
+                Err(Error::InvalidTtl { .. })
+            ),
+            "{ttl:?}"
+        );
     }
     for ttl in [ms(10), Duration::from_secs(86_400)] {
-        let g = a.try_acquire(&name, ttl).await.unwrap().expect("bounds are inclusive");
+        let g = a
+            .try_acquire(&name, ttl)
+            .await
+            .unwrap()
+            .expect("bounds are inclusive");
         g.release().await.unwrap();
     }
     let out = a.with_lease("", TTL, |_| async {}).await;
-    assert!(matches!(out, Outcome::Skipped(Skip::Error(Error::InvalidName { .. }))));
+    assert!(matches!(
+        out,
+        Outcome::Skipped(Skip::Error(Error::InvalidName { .. }))
+    ));
 }
 
 async fn table_names_are_validated<S: Subject>(s: &S) {
@@ -249,7 +355,10 @@ async fn table_names_are_validated<S: Subject>(s: &S) {
     };
     assert!(matches!(bad, Err(Error::InvalidTable { .. })));
     for bad in ["", "1x", "a.b.c", "\"x\"", "x-y"] {
-        assert!(matches!(s.with_table(bad), Some(Err(Error::InvalidTable { .. }))), "{bad:?}");
+        assert!(
+            matches!(s.with_table(bad), Some(Err(Error::InvalidTable { .. }))),
+            "{bad:?}"
+        );
     }
     assert!(matches!(s.with_table("my_schema.leases"), Some(Ok(_))));
 }
@@ -272,7 +381,10 @@ async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
         let winner = winners.pop().expect("one winner");
         if s.caps().fencing {
             let fence = winner.fencing_token();
-            assert!(fence > last_fence, "round {round}: fence {fence:?} after {last_fence:?}");
+            assert!(
+                fence > last_fence,
+                "round {round}: fence {fence:?} after {last_fence:?}"
+            );
             last_fence = fence;
         }
         winner.release().await.unwrap();
@@ -288,7 +400,11 @@ async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
         let outs = join_all(pods.iter().map(|p| {
             let (running, ran) = (running.clone(), ran.clone());
             p.with_lease(&name, TTL, move |_| async move {
-                assert_eq!(running.fetch_add(1, Ordering::SeqCst), 0, "two pods ran at once");
+                assert_eq!(
+                    running.fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two pods ran at once"
+                );
                 sleep(ms(50)).await;
                 running.fetch_sub(1, Ordering::SeqCst);
                 ran.fetch_add(1, Ordering::SeqCst);
@@ -299,7 +415,10 @@ async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
             assert!(!matches!(out, Outcome::Skipped(Skip::Error(_))), "{out:?}");
         }
     }
-    assert!(ran.load(Ordering::SeqCst) >= 10, "every round ran on one pod");
+    assert!(
+        ran.load(Ordering::SeqCst) >= 10,
+        "every round ran on one pod"
+    );
 }
 
 async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
@@ -317,10 +436,19 @@ async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
         .unwrap_or_else(|_| panic!("token not cancelled within {bound:?} of the steal"));
     let noticed = stolen_at.elapsed();
     assert!(!guard.is_valid());
-    eprintln!("stolen lease noticed after {noticed:?} (ttl/3 = {:?})", ttl / 3);
+    eprintln!(
+        "stolen lease noticed after {noticed:?} (ttl/3 = {:?})",
+        ttl / 3
+    );
     // Releasing after a takeover does not free the thief's lease.
     guard.release().await.unwrap();
-    assert!(lease(s, "holder-b").try_acquire(&name, ttl).await.unwrap().is_none());
+    assert!(
+        lease(s, "holder-b")
+            .try_acquire(&name, ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
 }
 
 async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
@@ -353,7 +481,11 @@ async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
             (token.is_cancelled(), other.is_some())
         })
         .await;
-    assert_eq!(out.ran(), Some((false, false)), "lease must be renewed and stay exclusive");
+    assert_eq!(
+        out.ran(),
+        Some((false, false)),
+        "lease must be renewed and stay exclusive"
+    );
 }
 
 // ---------------------------------------------------------------- subjects
@@ -369,7 +501,11 @@ impl Subject for MemorySubject {
 
     async fn steal(&self, name: &str, thief: &str) {
         self.0.expire(name);
-        self.0.acquire(name, thief, Duration::from_secs(60)).await.unwrap().expect("expired");
+        self.0
+            .acquire(name, thief, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("expired");
     }
 
     fn with_table(&self, _table: &str) -> Option<Result<Memory, Error>> {
@@ -379,6 +515,95 @@ impl Subject for MemorySubject {
 
 async fn memory() -> Option<MemorySubject> {
     Some(MemorySubject(Memory::new()))
+}
+
+/// A table backend; `steal` rewrites its row with SQL, as an operator would.
+struct TableSubject<B> {
+    backend: B,
+    /// `UPDATE` that makes the thief the holder of the name with the next
+    /// fence, for a minute; binds name then thief, or thief then name.
+    steal_sql: String,
+    thief_first: bool,
+    /// Keeps the SQLite file alive for the test.
+    _file: Option<TempDb>,
+}
+
+impl<B: Backend + Clone> TableSubject<B> {
+    fn new(backend: B, table: &str, steal_template: &str, file: Option<TempDb>) -> Self {
+        let thief_first = !steal_template.contains("$1") && !steal_template.contains("?1");
+        Self {
+            backend,
+            steal_sql: steal_template.replace("{table}", table),
+            thief_first,
+            _file: file,
+        }
+    }
+}
+
+macro_rules! table_subject {
+    ($backend:ty) => {
+        impl Subject for TableSubject<$backend> {
+            type B = $backend;
+
+            fn backend(&self) -> $backend {
+                self.backend.clone()
+            }
+
+            async fn steal(&self, name: &str, thief: &str) {
+                let (first, second) = if self.thief_first {
+                    (thief, name)
+                } else {
+                    (name, thief)
+                };
+                let done = sqlx::query(AssertSqlSafe(self.steal_sql.clone()))
+                    .bind(first)
+                    .bind(second)
+                    .execute(self.backend.pool())
+                    .await
+                    .expect("steal");
+                assert_eq!(done.rows_affected(), 1, "no row to steal");
+            }
+
+            fn with_table(&self, table: &str) -> Option<Result<$backend, Error>> {
+                Some(self.backend.clone().with_table(table))
+            }
+        }
+    };
+}
+table_subject!(PgTable);
+table_subject!(MySqlTable);
+table_subject!(SqliteTable);
+
+async fn sqlite() -> Option<TableSubject<SqliteTable>> {
+    let file = TempDb::new("conformance");
+    let table = SqliteTable::open(file.path())
+        .await
+        .expect("open sqlite file");
+    let steal = "UPDATE {table} SET holder = ?2, fence = fence + 1, \
+                 expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 60000 \
+                 WHERE name = ?1";
+    Some(TableSubject::new(
+        table.clone(),
+        table.table(),
+        steal,
+        Some(file),
+    ))
+}
+
+async fn postgres() -> Option<TableSubject<PgTable>> {
+    let table = PgTable::new(lease_tests::postgres().await?);
+    table.ensure_schema().await.expect("ensure_schema");
+    let steal = "UPDATE {table} SET holder = $2, fence = fence + 1, \
+                 expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1";
+    Some(TableSubject::new(table.clone(), table.table(), steal, None))
+}
+
+async fn mysql() -> Option<TableSubject<MySqlTable>> {
+    let table = MySqlTable::new(lease_tests::mysql().await?);
+    table.ensure_schema().await.expect("ensure_schema");
+    let steal = "UPDATE {table} SET fence = fence + 1, holder = ?, \
+                 expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = ?";
+    Some(TableSubject::new(table.clone(), table.table(), steal, None))
 }
 
 // ---------------------------------------------------------------- the matrix
@@ -419,3 +644,6 @@ macro_rules! conformance {
 }
 
 conformance!(memory, super::memory());
+conformance!(sqlite, super::sqlite());
+conformance!(postgres, super::postgres());
+conformance!(mysql, super::mysql());

@@ -69,7 +69,11 @@ impl Scripted {
 
     /// Times of the calls matching `f`, relative to `t0`.
     fn times(&self, t0: Instant, f: impl Fn(&Call) -> bool) -> Vec<Duration> {
-        self.calls().into_iter().filter(|(_, c)| f(c)).map(|(t, _)| t - t0).collect()
+        self.calls()
+            .into_iter()
+            .filter(|(_, c)| f(c))
+            .map(|(t, _)| t - t0)
+            .collect()
     }
 
     fn record(&self, call: Call) {
@@ -96,7 +100,12 @@ async fn run(step: Step) -> Result<bool, Error> {
 }
 
 impl Backend for Scripted {
-    async fn acquire(&self, name: &str, _holder: &str, _ttl: Duration) -> Result<Option<Grant>, Error> {
+    async fn acquire(
+        &self,
+        name: &str,
+        _holder: &str,
+        _ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
         self.record(Call::Acquire(name.into()));
         let mut s = self.0.lock().unwrap();
         s.fence += 1;
@@ -114,8 +123,14 @@ impl Backend for Scripted {
         Ok(())
     }
 
-    async fn renew_many(&self, _holder: &str, leases: &[(&str, Duration)]) -> Result<Vec<bool>, Error> {
-        self.record(Call::RenewMany(leases.iter().map(|(n, _)| n.to_string()).collect()));
+    async fn renew_many(
+        &self,
+        _holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        self.record(Call::RenewMany(
+            leases.iter().map(|(n, _)| n.to_string()).collect(),
+        ));
         let step = self.next_step();
         let ok = run(step).await?;
         Ok(vec![ok; leases.len()])
@@ -165,7 +180,10 @@ async fn memory_lease_survives_many_ttls_and_blocks_others() {
 
 #[tokio::test(start_paused = true)]
 async fn definite_loss_cancels_at_once() {
-    let backend = Scripted::new([Step::Answer(true), Step::Answer(false)], Step::Answer(true));
+    let backend = Scripted::new(
+        [Step::Answer(true), Step::Answer(false)],
+        Step::Answer(true),
+    );
     let lease = Lease::with_holder(backend.clone(), "a");
     let t0 = Instant::now();
     let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
@@ -205,12 +223,25 @@ async fn errors_are_retried_and_cancel_exactly_at_the_deadline() {
     // Retried with a short backoff (ttl/30 = 100 ms, doubling) between the
     // first renewal at 1 s and the deadline.
     let renews = backend.times(t0, is_renew);
-    assert_eq!(renews, vec![ms(1_000), ms(1_100), ms(1_300), ms(1_700), ms(2_200), ms(2_700)]);
+    assert_eq!(
+        renews,
+        vec![
+            ms(1_000),
+            ms(1_100),
+            ms(1_300),
+            ms(1_700),
+            ms(2_200),
+            ms(2_700)
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_success_after_errors_keeps_the_lease() {
-    let backend = Scripted::new([Step::Fail, Step::Fail, Step::Answer(true)], Step::Answer(true));
+    let backend = Scripted::new(
+        [Step::Fail, Step::Fail, Step::Answer(true)],
+        Step::Answer(true),
+    );
     let lease = Lease::with_holder(backend.clone(), "a");
     let t0 = Instant::now();
     let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
@@ -218,7 +249,10 @@ async fn a_success_after_errors_keeps_the_lease() {
     assert!(guard.is_valid());
     // Failures at 1.0 and 1.1, success at 1.3, then every period from there.
     let renews = backend.times(t0, is_renew);
-    assert_eq!(&renews[..5], &[ms(1_000), ms(1_100), ms(1_300), ms(2_300), ms(3_300)]);
+    assert_eq!(
+        &renews[..5],
+        &[ms(1_000), ms(1_100), ms(1_300), ms(2_300), ms(3_300)]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -325,7 +359,14 @@ async fn with_lease_releases_when_dropped_mid_run() {
     assert!(tokio::time::timeout(ms(1_500), run).await.is_err());
     sleep(ms(1)).await;
     let calls: Vec<Call> = backend.calls().into_iter().map(|(_, c)| c).collect();
-    assert_eq!(calls, vec![Call::Acquire("job".into()), Call::Renew("job".into()), Call::Release("job".into())]);
+    assert_eq!(
+        calls,
+        vec![
+            Call::Acquire("job".into()),
+            Call::Renew("job".into()),
+            Call::Release("job".into())
+        ]
+    );
     // Nothing renews it any more.
     sleep(TTL * 2).await;
     assert_eq!(backend.calls().len(), 3);
@@ -338,12 +379,17 @@ async fn a_second_run_of_a_held_name_on_the_same_lease_is_skipped() {
     let inner = lease.clone();
     let out = lease
         .with_lease("job", TTL, |_| async move {
-            let second = inner.with_lease("job", TTL, |_| async { "ran twice" }).await;
+            let second = inner
+                .with_lease("job", TTL, |_| async { "ran twice" })
+                .await;
             assert!(inner.try_acquire("job", TTL).await.unwrap().is_none());
             second
         })
         .await;
-    assert!(matches!(out, Outcome::Ran(Outcome::Skipped(Skip::HeldElsewhere))));
+    assert!(matches!(
+        out,
+        Outcome::Ran(Outcome::Skipped(Skip::HeldElsewhere))
+    ));
     // Free again once the first run is over.
     assert!(lease.with_lease("job", TTL, |_| async {}).await.is_ran());
 }
@@ -354,7 +400,9 @@ async fn another_holder_is_skipped() {
     let a = Lease::with_holder(db.clone(), "a");
     let b = Lease::with_holder(db.clone(), "b");
     let _held = a.try_acquire("job", TTL).await.unwrap().unwrap();
-    let out = b.with_lease("job", TTL, |_| async { unreachable!("must not run") }).await;
+    let out = b
+        .with_lease("job", TTL, |_| async { unreachable!("must not run") })
+        .await;
     assert!(matches!(out, Outcome::Skipped(Skip::HeldElsewhere)));
     assert_eq!(out_into_none(out), None);
 
@@ -393,15 +441,33 @@ async fn release_cancels_the_token_and_stops_renewing() {
 async fn invalid_input_is_rejected_before_the_backend() {
     let backend = Scripted::default();
     let lease = Lease::with_holder(backend.clone(), "a");
-    assert!(matches!(lease.try_acquire("", TTL).await, Err(Error::InvalidName { len: 0 })));
+    assert!(matches!(
+        lease.try_acquire("", TTL).await,
+        Err(Error::InvalidName { len: 0 })
+    ));
     let long = "x".repeat(256);
-    assert!(matches!(lease.try_acquire(&long, TTL).await, Err(Error::InvalidName { len: 256 })));
-    assert!(matches!(lease.try_acquire("job", ms(9)).await, Err(Error::InvalidTtl { .. })));
-    assert!(matches!(lease.try_acquire("job", Duration::from_secs(86_401)).await, Err(Error::InvalidTtl { .. })));
+    assert!(matches!(
+        lease.try_acquire(&long, TTL).await,
+        Err(Error::InvalidName { len: 256 })
+    ));
+    assert!(matches!(
+        lease.try_acquire("job", ms(9)).await,
+        Err(Error::InvalidTtl { .. })
+    ));
+    assert!(matches!(
+        lease.try_acquire("job", Duration::from_secs(86_401)).await,
+        Err(Error::InvalidTtl { .. })
+    ));
     let out = lease.with_lease("job", Duration::ZERO, |_| async {}).await;
-    assert!(matches!(out, Outcome::Skipped(Skip::Error(Error::InvalidTtl { .. }))));
+    assert!(matches!(
+        out,
+        Outcome::Skipped(Skip::Error(Error::InvalidTtl { .. }))
+    ));
     let nobody = Lease::with_holder(backend.clone(), "");
-    assert!(matches!(nobody.try_acquire("job", TTL).await, Err(Error::InvalidHolder { len: 0 })));
+    assert!(matches!(
+        nobody.try_acquire("job", TTL).await,
+        Err(Error::InvalidHolder { len: 0 })
+    ));
     assert!(backend.calls().is_empty());
 }
 
@@ -423,10 +489,22 @@ async fn a_hanging_acquire_times_out() {
     let lease = Lease::with_holder(HangingAcquire, "a");
     let t0 = Instant::now();
     let err = lease.try_acquire("job", TTL).await.unwrap_err();
-    assert!(matches!(err, Error::Timeout { operation: "acquire", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                operation: "acquire",
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert_eq!(Instant::now() - t0, TTL - MARGIN);
     // The name is free for the next attempt.
-    assert!(matches!(lease.try_acquire("job", TTL).await, Err(Error::Timeout { .. })));
+    assert!(matches!(
+        lease.try_acquire("job", TTL).await,
+        Err(Error::Timeout { .. })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -456,16 +534,27 @@ async fn leases_falling_due_together_are_renewed_in_one_batch() {
 
 #[test]
 fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
     let lease = Lease::with_holder(Memory::new(), "a");
     let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
     assert!(!guard.token().is_cancelled());
     drop(rt);
-    assert!(guard.token().is_cancelled(), "nothing renews the lease any more");
+    assert!(
+        guard.token().is_cancelled(),
+        "nothing renews the lease any more"
+    );
     assert!(!guard.is_valid());
     // A new runtime can acquire through the same Lease once the guard is gone.
     drop(guard);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
     let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
     rt.block_on(async {
         sleep(TTL * 2).await;
@@ -476,6 +565,8 @@ fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
 #[test]
 fn outside_a_runtime_acquire_is_an_error() {
     let lease = Lease::with_holder(Memory::new(), "a");
-    let err = futures_util::FutureExt::now_or_never(lease.try_acquire("job", TTL)).unwrap().unwrap_err();
+    let err = futures_util::FutureExt::now_or_never(lease.try_acquire("job", TTL))
+        .unwrap()
+        .unwrap_err();
     assert!(matches!(err, Error::NoRuntime));
 }
