@@ -273,10 +273,10 @@ impl Engine {
             t.state = State::Stopped;
         }
         entry.token.cancel();
-        if let Some(slot) = names.slots.get_mut(&entry.name) {
-            if matches!(slot, Slot::Held(e) if Arc::ptr_eq(e, entry)) {
-                *slot = Slot::Busy;
-            }
+        if let Some(slot) = names.slots.get_mut(&entry.name)
+            && matches!(slot, Slot::Held(e) if Arc::ptr_eq(e, entry))
+        {
+            *slot = Slot::Busy;
         }
         drop(names);
         self.wake.notify_one();
@@ -497,15 +497,15 @@ impl Scheduler {
     fn apply(&self, mut sent: Sent) {
         let now = Instant::now();
         let holder = &*self.engine.holder;
-        if let Ok(v) = &sent.result {
-            if v.len() != sent.entries.len() {
-                let msg = format!(
-                    "renew_many answered {} results for {} leases",
-                    v.len(),
-                    sent.entries.len()
-                );
-                sent.result = Err(Error::Protocol(msg));
-            }
+        if let Ok(v) = &sent.result
+            && v.len() != sent.entries.len()
+        {
+            let msg = format!(
+                "renew_many answered {} results for {} leases",
+                v.len(),
+                sent.entries.len()
+            );
+            sent.result = Err(Error::Protocol(msg));
         }
         for (i, entry) in sent.entries.iter().enumerate() {
             let mut t = entry.timing();
