@@ -336,10 +336,23 @@ impl Engine {
         }))
     }
 
-    /// Keep `entry` (renewing it) until `at`, then release it in the background.
-    pub(crate) fn release_at(&self, entry: &Arc<Entry>, at: Instant) {
-        entry.timing().release_at = Some(at);
+    /// Keep `entry` (renewing it) until `at`, then release it in the
+    /// background; the scheduler now owns the release. Returns false, and
+    /// changes nothing, if `entry` is no longer live (lost or stopped): the
+    /// scheduler may have exited already, so the caller must release it.
+    pub(crate) fn release_at(&self, entry: &Arc<Entry>, at: Instant) -> bool {
+        {
+            // A live entry keeps the scheduler running (it only exits when it
+            // finds none), and only the scheduler turns an entry from live to
+            // lost, looking at `release_at` under this same lock.
+            let mut t = entry.timing();
+            if t.state != State::Live {
+                return false;
+            }
+            t.release_at = Some(at);
+        }
         self.wake.notify_one();
+        true
     }
 }
 
@@ -563,16 +576,23 @@ impl Drop for Scheduler {
         // renew these leases any more, so their holders must stop now.
         let mut names = self.engine.names();
         names.scheduler = false;
-        for slot in names.slots.values() {
-            if let Slot::Held(entry) = slot {
-                let mut t = entry.timing();
-                entry.lose(
-                    &mut t,
-                    &self.engine.holder,
-                    "the runtime running its renewals shut down",
-                );
+        names.slots.retain(|_, slot| {
+            let Slot::Held(entry) = slot else { return true };
+            let mut t = entry.timing();
+            entry.lose(
+                &mut t,
+                &self.engine.holder,
+                "the runtime running its renewals shut down",
+            );
+            // A lease waiting out its `min_hold` has no guard left to release
+            // it, and no runtime to release it on: stop it and free the name
+            // (the lease ends at its ttl).
+            if t.release_at.is_some() {
+                t.state = State::Stopped;
+                return false;
             }
-        }
+            true
+        });
     }
 }
 

@@ -1,11 +1,12 @@
 //! [`LeaseGuard`]: a held lease.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::engine::{Engine, Entry};
-use crate::{CancellationToken, Error};
+use crate::{CancellationToken, Error, MAX_TTL};
 
 /// A held lease, renewed in the background for as long as the guard lives.
 ///
@@ -106,13 +107,19 @@ impl LeaseGuard {
 
     /// Keep the lease (renewing it) until `min_hold` has passed since it was
     /// acquired, then release it in the background. Returns at once.
-    pub(crate) fn release_after(mut self, min_hold: std::time::Duration) {
-        let at = self.entry.acquired_at + min_hold;
+    ///
+    /// Released now instead if `min_hold` has passed already, or if the lease
+    /// is no longer live (lost or released): nothing would renew it.
+    pub(crate) fn release_after(mut self, min_hold: Duration) {
+        // `#[singleton]` caps `min_hold` at 24 h; clamp rather than overflow
+        // `Instant` for whatever else comes in.
+        let at = self.entry.acquired_at + min_hold.min(MAX_TTL);
         if Instant::now() >= at {
             return; // dropping `self` releases now
         }
-        self.disarmed = true;
-        self.engine.release_at(&self.entry, at);
+        if self.engine.release_at(&self.entry, at) {
+            self.disarmed = true;
+        }
     }
 }
 
