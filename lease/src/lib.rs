@@ -10,6 +10,7 @@ mod global;
 mod guard;
 mod lease;
 mod outcome;
+mod skippable;
 mod validate;
 
 pub use backend::{Backend, Grant};
@@ -18,6 +19,7 @@ pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;
 pub use lease::Lease;
 pub use outcome::{Outcome, Skip};
+pub use skippable::Skippable;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 #[cfg_attr(
     docsrs,
