@@ -147,6 +147,29 @@ impl Lease {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = T>,
     {
+        self.run(name, ttl, None, |token, _fencing_token| f(token))
+            .await
+    }
+
+    /// The flow behind [`with_lease`](Lease::with_lease) and `#[singleton]`:
+    /// acquire `name`, run `f` with the lease's token and fencing token, then
+    /// release it — or, with `min_hold`, keep it (renewed) until `min_hold`
+    /// after the acquisition and release it in the background, returning at
+    /// once.
+    ///
+    /// A panic in `f` or a drop of this future releases the lease at once,
+    /// `min_hold` or not: the run did not complete.
+    pub(crate) async fn run<F, Fut, T>(
+        &self,
+        name: &str,
+        ttl: Duration,
+        min_hold: Option<Duration>,
+        f: F,
+    ) -> Outcome<T>
+    where
+        F: FnOnce(CancellationToken, Option<u64>) -> Fut,
+        Fut: Future<Output = T>,
+    {
         let guard = match self.try_acquire(name, ttl).await {
             Ok(Some(guard)) => guard,
             Ok(None) => {
@@ -168,9 +191,16 @@ impl Lease {
             holder = self.holder(),
             fencing_token = guard.fencing_token()
         );
-        let value = f(guard.token()).instrument(span).await;
-        if let Err(error) = guard.release().await {
-            tracing::warn!(lease.name = name, holder = self.holder(), %error, "lease release failed; it ends at its ttl");
+        let value = f(guard.token(), guard.fencing_token())
+            .instrument(span)
+            .await;
+        match min_hold {
+            Some(min_hold) => guard.release_after(min_hold),
+            None => {
+                if let Err(error) = guard.release().await {
+                    tracing::warn!(lease.name = name, holder = self.holder(), %error, "lease release failed; it ends at its ttl");
+                }
+            }
         }
         Outcome::Ran(value)
     }

@@ -10,6 +10,7 @@ mod global;
 mod guard;
 mod lease;
 mod outcome;
+mod private;
 mod skippable;
 mod validate;
 
@@ -28,3 +29,9 @@ pub use skippable::Skippable;
 pub use sqlx;
 pub use tokio_util::sync::CancellationToken;
 pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+
+/// Not public API: the runtime side of `#[singleton]`'s expansion.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::private::{AsLease, global, run};
+}
