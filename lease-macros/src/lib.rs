@@ -1,1 +1,106 @@
-//! The `#[singleton]` attribute macro; see the `lease` crate.
+//! The `#[singleton]` attribute macro of the [`lease`](https://docs.rs/lease)
+//! crate. Use it as `lease::singleton`: this crate is an implementation
+//! detail, versioned in lockstep with `lease` (which pins it exactly).
+//!
+//! The macro only rewires the fn's body into one call of a runtime function,
+//! `lease::__private::run`, where all the behaviour lives and is tested. The
+//! code is split by role: `attr.rs` parses the arguments, `valid.rs` checks
+//! them (and the fn), `expand.rs` generates the code.
+
+mod attr;
+mod expand;
+mod valid;
+
+use proc_macro::TokenStream;
+
+/// Run an `async fn` on exactly one replica at a time.
+///
+/// Each call of the fn first tries to acquire the lease `name`. If it gets
+/// it, the body runs while the lease is renewed in the background (every
+/// `ttl/3`), and the lease is released when the body returns. If another
+/// replica holds it, the body does not run and the fn returns the *skipped
+/// value* of its return type at once. Call it on every replica, on every
+/// tick of your schedule: one of them runs it.
+///
+/// ```
+/// use lease::{Lease, backend::Memory, singleton};
+///
+/// #[singleton(name = "nightly-report", ttl = "90s", lease = lease, token = cancel)]
+/// async fn nightly_report(lease: &Lease, rows: &[u32]) -> Option<u32> {
+///     let mut total = 0;
+///     for row in rows {
+///         if cancel.is_cancelled() {
+///             return None; // the lease was lost: another replica may take over
+///         }
+///         total += row;
+///     }
+///     Some(total)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let db = Memory::new();
+/// let pod_a = Lease::with_holder(db.clone(), "pod-a");
+/// let pod_b = Lease::with_holder(db, "pod-b");
+///
+/// // While pod-b holds the lease, pod-a's run is skipped...
+/// let ttl = std::time::Duration::from_secs(90);
+/// let held = pod_b.try_acquire("nightly-report", ttl).await.unwrap().expect("free");
+/// assert_eq!(nightly_report(&pod_a, &[1, 2, 3]).await, None);
+/// held.release().await.unwrap();
+/// // ...and once it is free, pod-a runs it.
+/// assert_eq!(nightly_report(&pod_a, &[1, 2, 3]).await, Some(6));
+/// # }
+/// ```
+///
+/// # Arguments
+///
+/// All are `key = value`, in any order, each at most once.
+///
+/// | key | | value |
+/// |---|---|---|
+/// | `name` | required | the lease's name, a non-empty string literal (at most 255 bytes). Every replica running this job must use the same name. |
+/// | `ttl` | required | a duration literal in [humantime] syntax (`"90s"`, `"1m 30s"`, `"500ms"`), whole milliseconds from 10 ms to 24 h. How long a crashed holder blocks the others; the lease is renewed every `ttl/3` while the body runs. |
+/// | `lease` | | an expression that gives the `lease::Lease` to use: `Lease`, `&Lease`, `Arc<Lease>`, `LazyLock<Lease>` or `Option<&Lease>`. Evaluated at each call, inside the fn, with the parameters and `self` in scope (`lease = self.lease`). Default: `lease::global_default()`. |
+/// | `token` | | an identifier: the body sees the lease's `lease::CancellationToken` under this name. It is cancelled the moment the lease is lost; stop work that must not overlap with another holder. |
+/// | `fence` | | an identifier: the body sees this acquisition's fencing token (`Option<u64>`) under this name, to pass to the resource the job writes to. |
+/// | `min_hold` | | a duration literal, whole milliseconds, at most 24 h (longer than `ttl` is fine). The lease is kept — and renewed — until at least this long after it was acquired, even if the body finishes sooner; then it is released in the background while the fn has returned already. Stops a fast job from running twice per tick on replicas whose clocks differ (ShedLock's `lockAtLeastFor`). |
+/// | `crate` | | the path of the `lease` crate as a string, when it is re-exported: `crate = "my_lib::lease"`. Default: `::lease`. |
+///
+/// # Return type and skipped runs
+///
+/// The fn keeps exactly the signature that was written. Its return type must
+/// implement `lease::Skippable`, which gives the value returned when the run
+/// is skipped: `()`, `false` for `bool`, `None` for `Option<T>`, `Ok(())` for
+/// `Result<(), E>` and `Ok(None)` for `Result<Option<T>, E>`. A run is
+/// skipped when
+///
+/// - another replica holds the lease (logged at debug) — the normal case on
+///   all replicas but one;
+/// - the lease could not be acquired: the backend failed (logged at warn);
+///   the next tick tries again;
+/// - there is no lease: no `lease = ...` and no `lease::set_global_default`
+///   (logged at error, never a panic).
+///
+/// `return` and `?` in the body return from the fn as usual. Methods (`&self`,
+/// `&mut self`, `self: Arc<Self>`), generic fns and `impl Trait` arguments
+/// work; the fn's future is `Send` whenever its body is.
+///
+/// If the body panics, or the fn's future is dropped while the body runs,
+/// the lease is released at once (in the background), `min_hold` or not.
+///
+/// # Compile errors
+///
+/// Mistakes are reported at compile time on the token that is wrong: a fn
+/// that is not `async`, a missing `name` or `ttl`, an unknown or duplicate
+/// argument, a `name` that is not a non-empty string literal, a `ttl` that
+/// does not parse or is out of range, a `min_hold` over 24 h, a `token` or
+/// `fence` that is not an identifier, a `lease` that is not a `Lease`, a
+/// return type that is not `Skippable`, and `#[singleton]` on anything but a
+/// fn.
+///
+/// [humantime]: https://docs.rs/humantime
+#[proc_macro_attribute]
+pub fn singleton(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::singleton(args.into(), item.into()).into()
+}

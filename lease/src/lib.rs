@@ -30,6 +30,10 @@ pub use sqlx;
 pub use tokio_util::sync::CancellationToken;
 pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
 
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use lease_macros::singleton;
+
 /// Not public API: the runtime side of `#[singleton]`'s expansion.
 #[doc(hidden)]
 pub mod __private {

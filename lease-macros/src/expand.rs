@@ -1,0 +1,275 @@
+//! Code generation. The expansion only wires the fn's body to
+//! `lease::__private::run`; every behaviour lives (and is tested) in `lease`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{Block, Expr, Item, ItemFn, ReturnType, Stmt, Type};
+
+use crate::attr::Args;
+use crate::valid::{self, Singleton};
+
+/// `#[singleton(args)] item`. On error the item is still emitted, unchanged,
+/// next to the `compile_error!`s, so the rest of the crate (and
+/// rust-analyzer) sees the fn as written and no follow-on errors appear.
+pub(crate) fn singleton(args: TokenStream, item: TokenStream) -> TokenStream {
+    match try_singleton(args, item.clone()) {
+        Ok(expanded) => expanded,
+        Err(error) => {
+            let mut tokens = item;
+            tokens.extend(error.into_compile_error());
+            tokens
+        }
+    }
+}
+
+fn try_singleton(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+    let item = parse_fn(item)?;
+    let args: Args = syn::parse2(args)?;
+    let singleton = valid::check(args, &item)?;
+    Ok(expand(singleton, item))
+}
+
+/// The annotated item, which must be a fn with a body.
+fn parse_fn(item: TokenStream) -> syn::Result<ItemFn> {
+    const MSG: &str = "`#[singleton]` goes on an `async fn` with a body; \
+                       move it onto the fn that runs the job";
+    let item: Item = syn::parse2(item)?;
+    let at = match item {
+        Item::Fn(item) => return Ok(item),
+        Item::Struct(item) => item.struct_token.span,
+        Item::Enum(item) => item.enum_token.span,
+        Item::Union(item) => item.union_token.span,
+        Item::Trait(item) => item.trait_token.span,
+        Item::Impl(item) => item.impl_token.span,
+        Item::Mod(item) => item.mod_token.span,
+        Item::Const(item) => item.const_token.span,
+        Item::Static(item) => item.static_token.span,
+        Item::Type(item) => item.type_token.span,
+        Item::Use(item) => item.use_token.span,
+        other => other.span(),
+    };
+    Err(syn::Error::new(at, MSG))
+}
+
+/// Keep the fn's signature exactly as written; its body becomes
+///
+/// ```text
+/// let __lease = <lease expr, or the global default>;
+/// ::lease::__private::run(__lease, "<name>", <ttl ms>, <min_hold ms>, move |<token>, <fence>| async move {
+///     <fake return edge>
+///     <the original body>
+/// })
+/// .await
+/// ```
+fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
+    let Singleton {
+        name,
+        ttl_ms: (ttl_ms, ttl_span),
+        min_hold_ms,
+        lease,
+        token,
+        fence,
+        krate,
+    } = singleton;
+    // `::lease`, or the `crate = "..."` path, spanned where it is used so a
+    // type error lands on the user's token rather than on the attribute.
+    let krate = |span: Span| match &krate {
+        Some(path) => path.to_token_stream(),
+        None => quote_spanned!(span=> ::lease),
+    };
+
+    // Hygienic: invisible to the body, whatever it names its variables.
+    let lease_var = syn::Ident::new("__lease", Span::mixed_site());
+    let lease_init = match lease {
+        // Spanned on the expression, so a value that is not a `Lease` is
+        // reported there. Evaluated to an owned `Lease` before the closure
+        // below takes `self`.
+        Some(expr) => {
+            let krate = krate(expr.span());
+            quote_spanned! {expr.span()=>
+                #krate::__private::AsLease::as_lease(&(#expr))
+            }
+        }
+        None => {
+            let krate = krate(Span::call_site());
+            quote!(#krate::__private::global())
+        }
+    };
+    let token = token.map_or_else(|| quote!(_), ToTokens::into_token_stream);
+    let fence = fence.map_or_else(|| quote!(_), ToTokens::into_token_stream);
+    let ttl = quote_spanned!(ttl_span=> #ttl_ms);
+    let min_hold = match min_hold_ms {
+        Some((ms, span)) => quote_spanned!(span=> ::core::option::Option::Some(#ms)),
+        None => quote!(::core::option::Option::None),
+    };
+
+    let (return_type, return_span) = match &item.sig.output {
+        ReturnType::Type(_, ty) => (erase_impl_trait(ty), ty.span()),
+        ReturnType::Default => (syn::parse_quote!(()), item.sig.ident.span()),
+    };
+    // As in tracing-attributes: an unreachable `return` of the declared type
+    // first, so the async block's type is inferred from the signature and a
+    // type error in the body is reported in the body, not in this expansion.
+    let fake_return = syn::Ident::new("__fake_return", Span::mixed_site());
+    let fake_return_edge = quote_spanned! {return_span=>
+        #[allow(
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+        )]
+        if false {
+            let #fake_return: #return_type = loop {};
+            return #fake_return;
+        }
+    };
+    let block = &item.block;
+    let job = quote! {
+        move |#token, #fence| async move {
+            #fake_return_edge
+            #block
+        }
+    };
+    // The return type must be `Skippable`: the call is spanned on it, so that
+    // is where an unsupported type is reported.
+    let krate = krate(return_span);
+    let body = quote_spanned! {return_span=>
+        let #lease_var = #lease_init;
+        #krate::__private::run(#lease_var, #name, #ttl, #min_hold, #job).await
+    };
+    item.block = Box::new(Block {
+        brace_token: item.block.brace_token,
+        stmts: vec![Stmt::Expr(Expr::Verbatim(body), None)],
+    });
+    item.into_token_stream()
+}
+
+/// `impl Trait` is not allowed in a `let`'s type: infer it instead.
+fn erase_impl_trait(ty: &Type) -> Type {
+    struct Erase;
+    impl VisitMut for Erase {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(impl_trait) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    underscore_token: syn::Token![_](impl_trait.impl_token.span),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
+    }
+    let mut ty = ty.clone();
+    Erase.visit_type_mut(&mut ty);
+    ty
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole expansion of the MACRO.md example: one call, nothing else.
+    #[test]
+    fn expansion_of_the_contract_example() {
+        let args = quote!(
+            name = "digest",
+            ttl = "2m",
+            lease = self.lease,
+            token = cancel,
+            min_hold = "30s"
+        );
+        let item = quote! {
+            async fn send_digest(&self) -> Result<Option<usize>, MyError> {
+                while !cancel.is_cancelled() { step().await?; }
+                Ok(None)
+            }
+        };
+        let expected = quote! {
+            async fn send_digest(&self) -> Result<Option<usize>, MyError> {
+                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
+                ::lease::__private::run(
+                    __lease,
+                    "digest",
+                    120000u64,
+                    ::core::option::Option::Some(30000u64),
+                    move |cancel, _| async move {
+                        #[allow(
+                            unreachable_code,
+                            clippy::diverging_sub_expression,
+                            clippy::empty_loop,
+                            clippy::let_unit_value,
+                            clippy::let_with_type_underscore,
+                            clippy::needless_return,
+                        )]
+                        if false {
+                            let __fake_return: Result<Option<usize>, MyError> = loop {};
+                            return __fake_return;
+                        }
+                        {
+                            while !cancel.is_cancelled() { step().await?; }
+                            Ok(None)
+                        }
+                    }
+                )
+                .await
+            }
+        };
+        assert_eq!(singleton(args, item).to_string(), expected.to_string());
+    }
+
+    #[test]
+    fn defaults_and_crate_override() {
+        let args = quote!(name = "n", ttl = "10ms", crate = "my_lib::lease");
+        let item = quote!(
+            pub async fn tick() {}
+        );
+        let expected = quote! {
+            pub async fn tick() {
+                let __lease = my_lib::lease::__private::global();
+                my_lib::lease::__private::run(__lease, "n", 10u64, ::core::option::Option::None, move |_, _| async move {
+                    #[allow(
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::let_with_type_underscore,
+                        clippy::needless_return,
+                    )]
+                    if false {
+                        let __fake_return: () = loop {};
+                        return __fake_return;
+                    }
+                    {}
+                })
+                .await
+            }
+        };
+        assert_eq!(singleton(args, item).to_string(), expected.to_string());
+    }
+
+    #[test]
+    fn impl_trait_is_inferred_in_the_fake_return() {
+        let ty: Type = syn::parse_quote!(Option<Box<impl Fn() -> u8>>);
+        let erased = erase_impl_trait(&ty);
+        assert_eq!(
+            erased.to_token_stream().to_string().replace(' ', ""),
+            "Option<Box<_>>"
+        );
+    }
+
+    #[test]
+    fn on_error_the_item_is_kept_next_to_the_error() {
+        let item = quote!(
+            async fn tick() -> Option<u8> {
+                Some(1)
+            }
+        );
+        let out = singleton(quote!(name = "n"), item.clone()).to_string();
+        assert!(out.starts_with(&item.to_string()), "{out}");
+        assert!(out.contains("compile_error"), "{out}");
+        assert!(out.contains("missing `ttl` argument"), "{out}");
+    }
+}

@@ -1,0 +1,271 @@
+//! Checks: the item is an `async fn`, the required arguments are there, and
+//! the values follow the runtime's rules — so that a mistake is reported at
+//! compile time, on the token that is wrong, rather than as a skipped run.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::{Expr, Ident, ItemFn, LitStr, Path};
+
+use crate::attr::Args;
+
+/// Shortest ttl (`lease::MIN_TTL`).
+const MIN_TTL: Duration = Duration::from_millis(10);
+/// Longest ttl (`lease::MAX_TTL`); also the longest `min_hold`.
+const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Longest lease name in bytes (`lease::MAX_NAME_LEN`).
+const MAX_NAME_LEN: usize = 255;
+
+/// Arguments that passed every check.
+pub(crate) struct Singleton {
+    pub(crate) name: LitStr,
+    /// `(ttl in ms, span of the literal)`.
+    pub(crate) ttl_ms: (u64, Span),
+    pub(crate) min_hold_ms: Option<(u64, Span)>,
+    pub(crate) lease: Option<Expr>,
+    pub(crate) token: Option<Ident>,
+    pub(crate) fence: Option<Ident>,
+    pub(crate) krate: Option<Path>,
+}
+
+/// Check `args` against `item`, reporting every problem found at once.
+pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
+    let mut errors = Errors::default();
+
+    if item.sig.asyncness.is_none() {
+        errors.push(syn::Error::new_spanned(
+            item.sig.fn_token,
+            "the `async` keyword is missing from the function declaration; \
+             `#[singleton]` runs an async job: write `async fn`",
+        ));
+    }
+
+    let name = match args.name {
+        Some(name) => errors.check(check_name(&name)).map(|()| name),
+        None => errors.missing("missing `name` argument; add the lease's name, shared by every replica: `name = \"nightly-report\"`"),
+    };
+    let ttl = match args.ttl {
+        Some(ttl) => errors.check(check_ttl(&ttl)),
+        None => errors.missing(
+            "missing `ttl` argument; add how long a crashed holder keeps the lease, e.g. `ttl = \"90s\"` \
+             (it is renewed every ttl/3 while the job runs)",
+        ),
+    };
+    let min_hold = args
+        .min_hold
+        .and_then(|lit| errors.check(check_min_hold(&lit)));
+    if let (Some(token), Some(fence)) = (&args.token, &args.fence)
+        && token == fence
+    {
+        errors.push(syn::Error::new(
+            fence.span(),
+            format!("`token` and `fence` are both `{fence}`; give the fencing token another name"),
+        ));
+    }
+
+    errors.finish()?;
+    Ok(Singleton {
+        name: name.expect("BUG: a missing name is an error"),
+        ttl_ms: ttl.expect("BUG: a missing ttl is an error"),
+        min_hold_ms: min_hold,
+        lease: args.lease,
+        token: args.token,
+        fence: args.fence,
+        krate: args.krate,
+    })
+}
+
+fn check_name(name: &LitStr) -> syn::Result<()> {
+    let value = name.value();
+    if value.is_empty() {
+        return Err(syn::Error::new(
+            name.span(),
+            "`name` must not be empty; name the job, e.g. `name = \"nightly-report\"`",
+        ));
+    }
+    if value.len() > MAX_NAME_LEN {
+        return Err(syn::Error::new(
+            name.span(),
+            format!(
+                "`name` is {} bytes long; shorten it to at most {MAX_NAME_LEN} bytes",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A ttl in whole milliseconds from 10 ms to 24 h, like `Lease::try_acquire`'s.
+fn check_ttl(lit: &LitStr) -> syn::Result<(u64, Span)> {
+    let ttl = duration(lit, "ttl")?;
+    let fail = |msg: &str| Err(syn::Error::new(lit.span(), msg));
+    if ttl.is_zero() {
+        return fail(
+            "`ttl` must not be zero: the lease would expire at once; \
+             use how long a crashed holder may block the others, e.g. `ttl = \"90s\"`",
+        );
+    }
+    if ttl < MIN_TTL {
+        return fail("`ttl` must be at least 10ms; use a longer duration, e.g. `ttl = \"90s\"`");
+    }
+    if ttl > MAX_TTL {
+        return fail("`ttl` must be at most 24h; use a shorter duration, e.g. `ttl = \"1h\"`");
+    }
+    Ok((whole_millis(lit, "ttl", ttl)?, lit.span()))
+}
+
+/// Any duration up to 24 h, in whole milliseconds. Longer than the ttl is
+/// fine (the lease is renewed meanwhile); longer than a day is a mistake: a
+/// job that finished would block every replica for more than a day.
+fn check_min_hold(lit: &LitStr) -> syn::Result<(u64, Span)> {
+    let min_hold = duration(lit, "min_hold")?;
+    if min_hold > MAX_TTL {
+        return Err(syn::Error::new(
+            lit.span(),
+            "`min_hold` must be at most 24h: it keeps the lease after the job is done, \
+             so use about one tick of the schedule, e.g. `min_hold = \"30s\"`",
+        ));
+    }
+    Ok((whole_millis(lit, "min_hold", min_hold)?, lit.span()))
+}
+
+/// Parse a humantime duration (`"90s"`, `"1m 30s"`, `"500ms"`).
+fn duration(lit: &LitStr, key: &str) -> syn::Result<Duration> {
+    humantime::parse_duration(&lit.value()).map_err(|e| {
+        syn::Error::new(
+            lit.span(),
+            format!(
+                "invalid `{key}` {:?}: {}; write a duration like \"90s\", \"1m 30s\" or \"500ms\"",
+                lit.value(),
+                lowercase_first(&e.to_string()),
+            ),
+        )
+    })
+}
+
+fn whole_millis(lit: &LitStr, key: &str, d: Duration) -> syn::Result<u64> {
+    if !d.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`{key}` must be whole milliseconds; round it, e.g. to {:?}",
+                format_ms(d)
+            ),
+        ));
+    }
+    // At most 24 h, so this fits easily.
+    Ok(d.as_millis() as u64)
+}
+
+fn format_ms(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut chars = s.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// Errors collected while checking, reported together.
+#[derive(Default)]
+struct Errors(Option<syn::Error>);
+
+impl Errors {
+    fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    fn check<T>(&mut self, result: syn::Result<T>) -> Option<T> {
+        result.map_err(|e| self.push(e)).ok()
+    }
+
+    /// A required argument is missing: there is no token of the user's to
+    /// point at but the attribute itself.
+    fn missing<T>(&mut self, msg: &str) -> Option<T> {
+        self.push(syn::Error::new(Span::call_site(), msg));
+        None
+    }
+
+    fn finish(self) -> syn::Result<()> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lit(s: &str) -> LitStr {
+        LitStr::new(s, Span::call_site())
+    }
+
+    fn ms(r: syn::Result<(u64, Span)>) -> Result<u64, String> {
+        r.map(|(ms, _)| ms).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(ms(check_ttl(&lit("90s"))), Ok(90_000));
+        assert_eq!(ms(check_ttl(&lit("1m 30s"))), Ok(90_000));
+        assert_eq!(ms(check_ttl(&lit("10ms"))), Ok(10));
+        assert_eq!(ms(check_ttl(&lit("24h"))), Ok(86_400_000));
+        assert!(
+            ms(check_ttl(&lit("9ms")))
+                .unwrap_err()
+                .contains("at least 10ms")
+        );
+        assert!(
+            ms(check_ttl(&lit("24h 1ms")))
+                .unwrap_err()
+                .contains("at most 24h")
+        );
+        assert!(
+            ms(check_ttl(&lit("0s")))
+                .unwrap_err()
+                .contains("must not be zero")
+        );
+        assert!(
+            ms(check_ttl(&lit("10500us")))
+                .unwrap_err()
+                .contains("whole milliseconds")
+        );
+        let bad = ms(check_ttl(&lit("90x"))).unwrap_err();
+        assert!(
+            bad.starts_with("invalid `ttl` \"90x\": unknown time unit \"x\""),
+            "{bad}"
+        );
+        assert!(ms(check_ttl(&lit(""))).is_err());
+    }
+
+    #[test]
+    fn min_holds() {
+        assert_eq!(ms(check_min_hold(&lit("0s"))), Ok(0));
+        assert_eq!(ms(check_min_hold(&lit("30s"))), Ok(30_000));
+        assert_eq!(ms(check_min_hold(&lit("24h"))), Ok(86_400_000));
+        assert!(
+            ms(check_min_hold(&lit("25h")))
+                .unwrap_err()
+                .contains("at most 24h")
+        );
+        assert!(ms(check_min_hold(&lit("1.5ms"))).is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name(&lit("a")).is_ok());
+        assert!(check_name(&lit(&"é".repeat(127))).is_ok());
+        assert!(check_name(&lit("")).is_err());
+        assert!(
+            check_name(&lit(&"é".repeat(128)))
+                .unwrap_err()
+                .to_string()
+                .contains("256 bytes")
+        );
+    }
+}
