@@ -1,0 +1,8 @@
+use lease::singleton;
+
+#[singleton(name = "digest", ttl = "90s")]
+fn send_digest() {}
+
+fn main() {
+    send_digest();
+}
