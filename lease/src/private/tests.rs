@@ -238,13 +238,13 @@ async fn a_lease_lost_during_the_body_is_released_despite_min_hold() {
 #[tokio::test(start_paused = true)]
 async fn a_panicking_body_releases_at_once_despite_min_hold() {
     let (db, a, _) = pods();
-    let task = tokio::spawn(async move {
+    let task: tokio::task::JoinHandle<()> = tokio::spawn(async move {
         run(Some(a), "job", TTL_MS, Some(10_000), |_, _| async {
             panic!("job failed")
         })
         .await
     });
-    let err: tokio::task::JoinError = task.await.map(|()| ()).unwrap_err();
+    let err = task.await.unwrap_err();
     assert!(err.is_panic());
     sleep(ms(1)).await;
     assert_eq!(db.holder("job"), None);
