@@ -10,6 +10,8 @@ impl Jobs {
 }
 
 fn main() {
-    let jobs = Jobs { pool: String::new() };
+    let jobs = Jobs {
+        pool: String::new(),
+    };
     drop(jobs.count_rows());
 }

@@ -6,6 +6,8 @@ struct Digest {
 }
 
 fn main() {
-    let digest = Digest { recipients: Vec::new() };
+    let digest = Digest {
+        recipients: Vec::new(),
+    };
     assert!(digest.recipients.is_empty());
 }

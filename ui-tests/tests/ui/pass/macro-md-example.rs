@@ -38,6 +38,8 @@ async fn main() {
     // No global default is set: skipped (and logged), not a panic.
     assert_eq!(check_schedules(&PgPool).await, Ok(()));
 
-    let scheduler = Scheduler { lease: lease::Lease::new(lease::backend::Memory::new()) };
+    let scheduler = Scheduler {
+        lease: lease::Lease::new(lease::backend::Memory::new()),
+    };
     assert_eq!(scheduler.send_digest().await.unwrap(), Some(3));
 }

@@ -47,7 +47,10 @@ impl Job for Jobs {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    let mut jobs = Jobs { lease: Lease::new(Memory::new()), runs: 0 };
+    let mut jobs = Jobs {
+        lease: Lease::new(Memory::new()),
+        runs: 0,
+    };
     assert_eq!(jobs.by_ref().await, Some(0));
     jobs.by_mut().await;
     assert!(jobs.tick().await);

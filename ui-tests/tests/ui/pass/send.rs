@@ -30,7 +30,9 @@ fn assert_send<T: Send>(t: T) -> T {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let lease = Lease::new(Memory::new());
-    let jobs = Arc::new(Jobs { lease: lease.clone() });
+    let jobs = Arc::new(Jobs {
+        lease: lease.clone(),
+    });
     let a = tokio::spawn(assert_send(jobs.run(7)));
     let b = tokio::spawn(assert_send(free(lease, vec!["a".into()])));
     assert_eq!(a.await.unwrap(), Some(7));

@@ -25,7 +25,10 @@ async fn hygiene(lease: &Lease, __lease: u32, __fake_return: u32, run: u32) -> O
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let lease = Lease::new(Memory::new());
     let kept: Option<u32> = rt.block_on(jobs::kept(&lease, 1));
     assert_eq!(kept, Some(2));
