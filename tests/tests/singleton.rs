@@ -1,0 +1,419 @@
+//! `#[singleton]` fns called for real: what a user of the macro sees.
+//!
+//! Two `Lease`s with different holders on one backend play two pods
+//! (replicas) of a service. Every test uses lease names of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use lease::backend::Memory;
+use lease::{Backend, Error, Grant, Lease, singleton};
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep, timeout};
+
+/// Two pods sharing one backend.
+fn pods() -> (Memory, Lease, Lease) {
+    let db = Memory::new();
+    let a = Lease::with_holder(db.clone(), "pod-a");
+    let b = Lease::with_holder(db.clone(), "pod-b");
+    (db, a, b)
+}
+
+// ---------------------------------------------------------------------------
+// Exactly one of two pods runs.
+
+#[singleton(name = "singleton-one-of-two", ttl = "2s", lease = pod)]
+async fn one_of_two(pod: &Lease, runs: &AtomicU32) -> Option<String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    // Long enough for the other pod's call to overlap with this one.
+    sleep(Duration::from_millis(100)).await;
+    Some(pod.holder().to_owned())
+}
+
+#[tokio::test]
+async fn exactly_one_of_two_pods_runs() {
+    let (_db, a, b) = pods();
+    for tick in 0..5 {
+        let runs = AtomicU32::new(0);
+        let (ran_a, ran_b) = tokio::join!(one_of_two(&a, &runs), one_of_two(&b, &runs));
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "tick {tick}: the body ran once"
+        );
+        match (ran_a.as_deref(), ran_b.as_deref()) {
+            (Some("pod-a"), None) | (None, Some("pod-b")) => {}
+            other => panic!("tick {tick}: exactly one pod must run, got {other:?}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Skipped calls return the `Skippable` value, without running the body.
+
+const SKIP: &str = "singleton-skipped";
+
+#[singleton(name = "singleton-skipped", ttl = "2s", lease = pod)]
+async fn returns_unit(pod: &Lease, runs: &AtomicU32) {
+    runs.fetch_add(1, Ordering::SeqCst);
+}
+
+#[singleton(name = "singleton-skipped", ttl = "2s", lease = pod)]
+async fn returns_option(pod: &Lease, runs: &AtomicU32) -> Option<u32> {
+    Some(runs.fetch_add(1, Ordering::SeqCst))
+}
+
+#[singleton(name = "singleton-skipped", ttl = "2s", lease = pod)]
+async fn returns_result(pod: &Lease, runs: &AtomicU32) -> Result<(), String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    Err("the job failed".into())
+}
+
+#[singleton(name = "singleton-skipped", ttl = "2s", lease = pod)]
+async fn returns_result_option(pod: &Lease, runs: &AtomicU32) -> Result<Option<u32>, String> {
+    Ok(Some(runs.fetch_add(1, Ordering::SeqCst)))
+}
+
+#[singleton(name = "singleton-skipped", ttl = "2s", lease = pod)]
+async fn returns_bool(pod: &Lease, runs: &AtomicU32) -> bool {
+    runs.fetch_add(1, Ordering::SeqCst);
+    true
+}
+
+#[tokio::test]
+async fn a_skipped_call_returns_the_skipped_value() {
+    let (_db, a, b) = pods();
+    let runs = AtomicU32::new(0);
+
+    // Free: every one runs and returns the body's value.
+    returns_unit(&a, &runs).await;
+    assert_eq!(returns_option(&a, &runs).await, Some(1));
+    assert_eq!(
+        returns_result(&a, &runs).await,
+        Err("the job failed".into())
+    );
+    assert_eq!(returns_result_option(&a, &runs).await, Ok(Some(3)));
+    assert!(returns_bool(&a, &runs).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+
+    // Held by pod-b: every one is skipped.
+    let held = b
+        .try_acquire(SKIP, Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("free");
+    returns_unit(&a, &runs).await;
+    assert_eq!(returns_option(&a, &runs).await, None);
+    assert_eq!(returns_result(&a, &runs).await, Ok(()));
+    assert_eq!(returns_result_option(&a, &runs).await, Ok(None));
+    assert!(!returns_bool(&a, &runs).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 5, "no body ran");
+    held.release().await.unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The `token` binding is cancelled when the lease is lost.
+
+const LOST: &str = "singleton-token-lost";
+
+/// Waits (at most 5 s) for the lease to be lost; returns how long it took.
+#[singleton(name = "singleton-token-lost", ttl = "300ms", lease = pod, token = cancel)]
+async fn until_lost(pod: &Lease, started: &Notify) -> Option<Duration> {
+    started.notify_one();
+    let t0 = Instant::now();
+    timeout(Duration::from_secs(5), cancel.cancelled())
+        .await
+        .ok()?;
+    Some(t0.elapsed())
+}
+
+#[tokio::test]
+async fn the_token_is_cancelled_when_the_lease_is_lost() {
+    let (db, a, b) = pods();
+    let started = Notify::new();
+    let (lost_after, ()) = tokio::join!(until_lost(&a, &started), async {
+        started.notified().await;
+        sleep(Duration::from_millis(50)).await;
+        // Someone (an operator, a clock jump) ends the lease behind pod-a's back.
+        db.expire(LOST);
+    });
+    // pod-a notices at its next renewal, ttl/3 = 100 ms after acquiring.
+    let lost_after = lost_after.expect("the body saw the token cancelled");
+    assert!(lost_after < Duration::from_millis(300), "{lost_after:?}");
+    // The other pod takes over at once.
+    let taken = b
+        .try_acquire(LOST, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(taken.is_some());
+}
+
+#[singleton(name = "singleton-token-kept", ttl = "60ms", lease = pod, token = cancel)]
+async fn outlives_its_ttl(pod: &Lease) -> Option<bool> {
+    sleep(Duration::from_millis(300)).await;
+    Some(cancel.is_cancelled())
+}
+
+#[tokio::test]
+async fn the_token_stays_uncancelled_while_the_lease_is_renewed() {
+    let (_db, a, b) = pods();
+    let (kept, skipped) = tokio::join!(outlives_its_ttl(&a), async {
+        sleep(Duration::from_millis(200)).await; // past the 60 ms ttl
+        outlives_its_ttl(&b).await
+    });
+    assert_eq!(kept, Some(false), "renewed for five ttls, never lost");
+    assert_eq!(skipped, None, "still held by pod-a");
+}
+
+// ---------------------------------------------------------------------------
+// `fence` is this acquisition's fencing token.
+
+#[singleton(name = "singleton-fence", ttl = "2s", lease = pod, fence = fencing_token)]
+async fn fenced(pod: &Lease) -> Option<u64> {
+    fencing_token
+}
+
+#[tokio::test]
+async fn fence_is_the_fencing_token_of_each_acquisition() {
+    let (_db, a, b) = pods();
+    let first = fenced(&a).await.expect("ran with a fencing token");
+    let second = fenced(&b).await.expect("ran with a fencing token");
+    assert!(second > first, "{second} > {first}");
+}
+
+// ---------------------------------------------------------------------------
+// `min_hold` keeps the lease after a fast body, then lets go.
+
+#[singleton(name = "singleton-min-hold", ttl = "3s", lease = pod, min_hold = "10s")]
+async fn fast_job(pod: &Lease) -> Option<&str> {
+    Some(pod.holder())
+}
+
+#[tokio::test(start_paused = true)]
+async fn min_hold_keeps_the_lease_after_a_fast_body_then_lets_go() {
+    let (db, a, b) = pods();
+    let t0 = Instant::now();
+    assert_eq!(fast_job(&a).await, Some("pod-a"));
+    assert_eq!(t0.elapsed(), Duration::ZERO, "the fn returns at once");
+
+    // The next ticks on both pods, before min_hold has passed: skipped, also
+    // past the 3 s ttl (the lease is renewed meanwhile).
+    for at in [1, 4, 9] {
+        tokio::time::sleep_until(t0 + Duration::from_secs(at)).await;
+        assert_eq!(fast_job(&b).await, None, "pod-b skipped at {at} s");
+        assert_eq!(fast_job(&a).await, None, "pod-a skipped at {at} s");
+        assert_eq!(db.holder("singleton-min-hold").as_deref(), Some("pod-a"));
+    }
+
+    // Then it is released and the next tick runs.
+    tokio::time::sleep_until(t0 + Duration::from_millis(10_001)).await;
+    assert_eq!(db.holder("singleton-min-hold"), None);
+    assert_eq!(fast_job(&b).await, Some("pod-b"));
+}
+
+// ---------------------------------------------------------------------------
+// `lease = self.lease` on methods.
+
+struct Scheduler {
+    lease: Lease,
+    digests: u32,
+}
+
+impl Scheduler {
+    #[singleton(name = "singleton-method", ttl = "2s", lease = self.lease)]
+    async fn by_ref(&self) -> Option<u32> {
+        sleep(Duration::from_millis(50)).await;
+        Some(self.digests)
+    }
+
+    #[singleton(name = "singleton-method", ttl = "2s", lease = self.lease, token = cancel)]
+    async fn by_mut(&mut self) -> bool {
+        sleep(Duration::from_millis(50)).await;
+        self.digests += 1;
+        !cancel.is_cancelled()
+    }
+
+    #[singleton(name = "singleton-method", ttl = "2s", lease = self.lease)]
+    async fn by_arc(self: Arc<Self>) -> Option<u32> {
+        sleep(Duration::from_millis(50)).await;
+        Some(self.digests)
+    }
+}
+
+#[tokio::test]
+async fn lease_self_lease_on_ref_mut_and_arc_methods() {
+    let (_db, a, b) = pods();
+    let mut pod_a = Scheduler {
+        lease: a,
+        digests: 0,
+    };
+    let mut pod_b = Scheduler {
+        lease: b,
+        digests: 0,
+    };
+
+    let (ran, skipped) = tokio::join!(pod_a.by_mut(), async {
+        sleep(Duration::from_millis(10)).await;
+        pod_b.by_mut().await
+    });
+    assert!(ran && !skipped);
+    assert_eq!((pod_a.digests, pod_b.digests), (1, 0));
+
+    let (ran, skipped) = tokio::join!(pod_a.by_ref(), async {
+        sleep(Duration::from_millis(10)).await;
+        pod_b.by_ref().await
+    });
+    assert_eq!((ran, skipped), (Some(1), None));
+
+    let (pod_a, pod_b) = (Arc::new(pod_a), Arc::new(pod_b));
+    let (ran, skipped) = tokio::join!(pod_a.clone().by_arc(), async {
+        sleep(Duration::from_millis(10)).await;
+        pod_b.clone().by_arc().await
+    });
+    assert_eq!((ran, skipped), (Some(1), None));
+}
+
+// ---------------------------------------------------------------------------
+// Generic fns and `impl Trait` arguments.
+
+#[singleton(name = "singleton-generic", ttl = "2s", lease = pod)]
+async fn largest<T: PartialOrd + Copy + Send>(pod: &Lease, items: &[T]) -> Option<T> {
+    let mut max = *items.first()?;
+    for &x in items {
+        if x > max {
+            max = x;
+        }
+    }
+    Some(max)
+}
+
+#[singleton(name = "singleton-impl-trait", ttl = "2s", lease = pod)]
+async fn total(pod: &Lease, amounts: impl IntoIterator<Item = u64>) -> Option<u64> {
+    Some(amounts.into_iter().sum())
+}
+
+#[tokio::test]
+async fn generic_fns_and_impl_trait_arguments() {
+    let (_db, a, b) = pods();
+    assert_eq!(largest(&a, &[3, 9, 4]).await, Some(9));
+    assert_eq!(largest(&a, &[0.5, -1.0]).await, Some(0.5));
+    assert_eq!(total(&a, vec![1, 2, 3]).await, Some(6));
+    assert_eq!(total(&a, (1..=4).map(|x| x * 10)).await, Some(100));
+
+    let _held = b
+        .try_acquire("singleton-generic", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(largest(&a, &[3, 9, 4]).await, None);
+}
+
+// ---------------------------------------------------------------------------
+// `return` and `?` in the body.
+
+#[singleton(name = "singleton-return", ttl = "2s", lease = pod)]
+async fn parse_and_double(
+    pod: &Lease,
+    input: &str,
+) -> Result<Option<u32>, std::num::ParseIntError> {
+    if input.is_empty() {
+        return Ok(Some(0));
+    }
+    let n: u32 = input.trim().parse()?;
+    Ok(Some(n * 2))
+}
+
+#[tokio::test]
+async fn return_and_question_mark_in_the_body() {
+    let (_db, a, b) = pods();
+    assert_eq!(parse_and_double(&a, "21").await, Ok(Some(42)));
+    assert_eq!(
+        parse_and_double(&a, "").await,
+        Ok(Some(0)),
+        "early `return`"
+    );
+    assert!(
+        parse_and_double(&a, "x").await.is_err(),
+        "`?` returns the error"
+    );
+
+    // The lease is released after an early return and after an error too.
+    assert_eq!(parse_and_double(&b, "1").await, Ok(Some(2)));
+}
+
+// ---------------------------------------------------------------------------
+// `crate = "..."` through a re-export.
+
+mod my_lib {
+    pub(crate) use ::lease;
+}
+
+#[singleton(name = "singleton-crate", ttl = "2s", lease = pod, crate = "my_lib::lease")]
+async fn through_a_re_export(pod: &my_lib::lease::Lease) -> Option<u8> {
+    Some(1)
+}
+
+#[tokio::test]
+async fn crate_path_through_a_re_export() {
+    let (_db, a, b) = pods();
+    assert_eq!(through_a_re_export(&a).await, Some(1));
+    let _held = b
+        .try_acquire("singleton-crate", Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(through_a_re_export(&a).await, None);
+}
+
+// ---------------------------------------------------------------------------
+// The future of an annotated fn can be spawned.
+
+#[singleton(name = "singleton-spawned", ttl = "2s", lease = pod, token = cancel)]
+async fn spawned(pod: Lease, names: Vec<String>) -> Option<usize> {
+    sleep(Duration::from_millis(100)).await;
+    (!cancel.is_cancelled()).then_some(names.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_future_is_send_and_can_be_spawned() {
+    let (_db, a, b) = pods();
+    let one = tokio::spawn(spawned(a, vec!["x".into(), "y".into()]));
+    let two = tokio::spawn(spawned(b, vec![]));
+    let (one, two) = (one.await.unwrap(), two.await.unwrap());
+    assert!(
+        matches!((one, two), (Some(2), None) | (None, Some(0))),
+        "{one:?} {two:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// A backend that cannot be reached: skipped, not an error and not a panic.
+
+#[derive(Clone)]
+struct Unreachable;
+
+impl Backend for Unreachable {
+    async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
+        Err(Error::backend("connection refused"))
+    }
+    async fn renew(&self, _: &str, _: &str, _: Duration) -> Result<bool, Error> {
+        Err(Error::backend("connection refused"))
+    }
+    async fn release(&self, _: &str, _: &str) -> Result<(), Error> {
+        Err(Error::backend("connection refused"))
+    }
+}
+
+#[tokio::test]
+async fn an_unreachable_backend_skips_the_run() {
+    let down = Lease::with_holder(Unreachable, "pod-a");
+    let runs = AtomicU32::new(0);
+    assert_eq!(returns_option(&down, &runs).await, None);
+    assert_eq!(
+        returns_result(&down, &runs).await,
+        Ok(()),
+        "a skipped tick is not a failure"
+    );
+    assert_eq!(returns_result_option(&down, &runs).await, Ok(None));
+    assert!(!returns_bool(&down, &runs).await);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
