@@ -1,4 +1,161 @@
 //! Run a periodic task on exactly one replica at a time.
+//!
+//! Every replica of a service runs the same schedule ("every minute, check
+//! the schedules"; "at 2:00, send the digest"), but the job must run once,
+//! not once per replica. Put [`#[singleton]`](singleton) on the async fn that
+//! runs the job and call it on every replica, on every tick: one replica
+//! takes a *lease* on the job's name and runs the body — renewing the lease
+//! while the body runs, releasing it when the body returns — and the others
+//! skip that tick. If the lease is lost mid-run, a cancellation token fires
+//! at once.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease::{Lease, backend::Memory, singleton};
+//!
+//! #[singleton(name = "nightly-report", ttl = "90s", lease = pod, token = cancel)]
+//! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
+//!     let mut total = 0;
+//!     for amount in orders {
+//!         if cancel.is_cancelled() {
+//!             return None; // the lease was lost: stop, another replica may take over
+//!         }
+//!         tokio::time::sleep(Duration::from_millis(10)).await; // ... real work ...
+//!         total += amount;
+//!     }
+//!     Some(total)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // Two replicas sharing one lease store. `Memory` is the in-process store
+//! // for tests; in production, use a table in your database (see `backend`).
+//! let db = Memory::new();
+//! let pod_a = Lease::with_holder(db.clone(), "pod-a");
+//! let pod_b = Lease::with_holder(db, "pod-b");
+//!
+//! // Both replicas tick at once: exactly one runs the job, the other's call
+//! // returns `None` (the skipped value of `Option`) without running it.
+//! let orders = [120, 80];
+//! let (a, b) = tokio::join!(nightly_report(&pod_a, &orders), nightly_report(&pod_b, &orders));
+//! assert!(matches!((a, b), (Some(200), None) | (None, Some(200))));
+//! # }
+//! ```
+//!
+//! `name` and `ttl` are required. `lease = ...` picks the [`Lease`] (it
+//! defaults to the one installed with [`set_global_default`]), `token` and
+//! `fence` give the body the lease's [`CancellationToken`] and fencing token,
+//! `min_hold` keeps the lease for a while after a fast body, and `crate`
+//! names a re-export of this crate; see [`singleton`] for each argument. The
+//! return type must implement [`Skippable`]: `()`, `bool`, `Option<T>`,
+//! `Result<(), E>` or `Result<Option<T>, E>`, whose skipped values are `()`,
+//! `false`, `None`, `Ok(())` and `Ok(None)`. Mistakes in the arguments are
+//! compile errors.
+//!
+//! # Equivalent code without the attribute
+//!
+//! The attribute keeps the fn's signature and turns its body into a single
+//! call of one runtime function, where all the behaviour lives. The example
+//! above expands to this (`__private` is not public API — write the
+//! attribute instead):
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use lease::Lease;
+//! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
+//!     let __lease = ::lease::__private::AsLease::as_lease(&(pod));
+//!     ::lease::__private::run(
+//!         __lease,
+//!         "nightly-report",
+//!         90000u64,
+//!         ::core::option::Option::None, // `min_hold`, in ms
+//!         move |cancel, _| async move {
+//!             // Never taken: makes the block's type the fn's return type, so
+//!             // that a type error is reported in the body, not in here.
+//!             #[allow(
+//!                 unreachable_code,
+//!                 clippy::diverging_sub_expression,
+//!                 clippy::empty_loop,
+//!                 clippy::let_unit_value,
+//!                 clippy::let_with_type_underscore,
+//!                 clippy::needless_return,
+//!             )]
+//!             if false {
+//!                 let __fake_return: Option<u64> = loop {};
+//!                 return __fake_return;
+//!             }
+//!             {
+//!                 let mut total = 0;
+//!                 for amount in orders {
+//!                     if cancel.is_cancelled() {
+//!                         return None;
+//!                     }
+//!                     tokio::time::sleep(Duration::from_millis(10)).await;
+//!                     total += amount;
+//!                 }
+//!                 Some(total)
+//!             }
+//!         },
+//!     )
+//!     .await
+//! }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # let pod = Lease::new(lease::backend::Memory::new());
+//! # assert_eq!(nightly_report(&pod, &[120, 80]).await, Some(200));
+//! # }
+//! ```
+//!
+//! `run` does what [`Lease::with_lease`] does — acquire, run the body with
+//! the token, renew every `ttl/3`, release — and maps a skipped run to
+//! [`Skippable::skipped`] (logged at debug when the lease is held elsewhere,
+//! at warn when the store could not be reached, at error when there is no
+//! lease at all). The locals `__lease` and `__fake_return` are hygienic:
+//! the body cannot see them.
+//!
+//! # Without the macro
+//!
+//! - [`Lease`] pairs a [`Backend`] (where leases are stored) with this
+//!   process's holder identity. Make one per process and clone it freely.
+//! - [`Lease::with_lease`] runs a closure under a lease and returns an
+//!   [`Outcome`]: [`Ran`](Outcome::Ran) with the closure's value, or
+//!   [`Skipped`](Outcome::Skipped) with the reason ([`Skip`]).
+//! - [`Lease::try_acquire`] hands out a [`LeaseGuard`] to hold as long as you
+//!   like: renewed in the background, with a [`token`](LeaseGuard::token)
+//!   that is cancelled when the lease is lost and a
+//!   [`fencing_token`](LeaseGuard::fencing_token) for the resource it
+//!   protects; released by [`release`](LeaseGuard::release) or on drop.
+//! - [`set_global_default`] installs the `Lease` that `#[singleton]` fns use
+//!   without `lease = ...`.
+//! - [`backend`] has the stores: [`Memory`](backend::Memory) for tests, and
+//!   tables in SQLite, PostgreSQL and MySQL behind the features `sqlite`,
+//!   `postgres` and `mysql`. Implement [`Backend`] for another one.
+//! - [`Error`] is the one error type; invalid input (a name over 255 bytes, a
+//!   ttl outside [`MIN_TTL`]..=[`MAX_TTL`]) has variants of its own.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease::{Lease, Outcome, backend::Memory};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lease::Error> {
+//! let lease = Lease::new(Memory::new());
+//! let ttl = Duration::from_secs(90);
+//!
+//! let outcome = lease.with_lease("nightly-report", ttl, |_token| async { 200 }).await;
+//! assert!(matches!(outcome, Outcome::Ran(200)));
+//!
+//! if let Some(guard) = lease.try_acquire("compaction", ttl).await? {
+//!     assert!(guard.is_valid());
+//!     guard.release().await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! - `macros` (default): [`#[singleton]`](singleton).
+//! - `sqlite`, `postgres`, `mysql`: the table backends.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
