@@ -10,6 +10,10 @@
 //! [`Caps`]), the property states the difference and asserts what that backend
 //! actually does instead of skipping.
 
+// The properties are test code called by the generated `#[tokio::test]`s,
+// which `allow-unwrap-in-tests` (clippy.toml) does not see as tests.
+#![allow(clippy::unwrap_used)]
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
