@@ -1,23 +1,37 @@
 //! `#[singleton]` fns called for real: what a user of the macro sees.
 //!
-//! Two `Lease`s with different holders on one backend play two pods
-//! (replicas) of a service. Every test uses lease names of its own.
+//! `Lease`s with different holders on one store play the pods (replicas) of
+//! a service. The pods and the lost-lease tests run on a real SQLite file
+//! (`SqliteTable`); the others on `Memory`, some under tokio's paused clock.
+//! Every test uses lease names (or a file) of its own.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lease::backend::Memory;
+use lease::backend::{Memory, SqliteTable};
 use lease::{Backend, Error, Grant, Lease, singleton};
+use lease_tests::TempDb;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
 
-/// Two pods sharing one backend.
+/// Two pods sharing one in-memory store.
 fn pods() -> (Memory, Lease, Lease) {
     let db = Memory::new();
     let a = Lease::with_holder(db.clone(), "pod-a");
     let b = Lease::with_holder(db.clone(), "pod-b");
     (db, a, b)
+}
+
+/// Two pods sharing a fresh SQLite file (deleted when the `TempDb` drops).
+async fn sqlite_pods() -> (TempDb, SqliteTable, Lease, Lease) {
+    let file = TempDb::new("singleton");
+    let table = SqliteTable::open(file.path())
+        .await
+        .expect("open sqlite file");
+    let a = Lease::with_holder(table.clone(), "pod-a");
+    let b = Lease::with_holder(table.clone(), "pod-b");
+    (file, table, a, b)
 }
 
 // ---------------------------------------------------------------------------
@@ -31,9 +45,10 @@ async fn one_of_two(pod: &Lease, runs: &AtomicU32) -> Option<String> {
     Some(pod.holder().to_owned())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_of_two_pods_runs() {
-    let (_db, a, b) = pods();
+    let (_file, _table, a, b) = sqlite_pods().await;
+    let mut winners = Vec::new();
     for tick in 0..5 {
         let runs = AtomicU32::new(0);
         let (ran_a, ran_b) = tokio::join!(one_of_two(&a, &runs), one_of_two(&b, &runs));
@@ -42,11 +57,15 @@ async fn exactly_one_of_two_pods_runs() {
             1,
             "tick {tick}: the body ran once"
         );
-        match (ran_a.as_deref(), ran_b.as_deref()) {
-            (Some("pod-a"), None) | (None, Some("pod-b")) => {}
+        match (ran_a, ran_b) {
+            (Some(winner), None) | (None, Some(winner)) => winners.push(winner),
             other => panic!("tick {tick}: exactly one pod must run, got {other:?}"),
         }
     }
+    assert!(
+        winners.iter().all(|w| w == "pod-a" || w == "pod-b"),
+        "{winners:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -115,10 +134,8 @@ async fn a_skipped_call_returns_the_skipped_value() {
 // ---------------------------------------------------------------------------
 // The `token` binding is cancelled when the lease is lost.
 
-const LOST: &str = "singleton-token-lost";
-
 /// Waits (at most 5 s) for the lease to be lost; returns how long it took.
-#[singleton(name = "singleton-token-lost", ttl = "300ms", lease = pod, token = cancel)]
+#[singleton(name = "singleton-token-lost", ttl = "900ms", lease = pod, token = cancel)]
 async fn until_lost(pod: &Lease, started: &Notify) -> Option<Duration> {
     started.notify_one();
     let t0 = Instant::now();
@@ -128,25 +145,32 @@ async fn until_lost(pod: &Lease, started: &Notify) -> Option<Duration> {
     Some(t0.elapsed())
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_cancelled_when_the_lease_is_lost() {
-    let (db, a, b) = pods();
+    let (_file, table, a, b) = sqlite_pods().await;
     let started = Notify::new();
     let (lost_after, ()) = tokio::join!(until_lost(&a, &started), async {
         started.notified().await;
-        sleep(Duration::from_millis(50)).await;
-        // Someone (an operator, a clock jump) ends the lease behind pod-a's back.
-        db.expire(LOST);
+        // Someone (an operator, a split brain) hands the lease to pod-b
+        // behind pod-a's back.
+        let stolen = sqlx::query("UPDATE task_leases SET holder = 'pod-b' WHERE name = ?")
+            .bind("singleton-token-lost")
+            .execute(table.pool())
+            .await
+            .expect("steal the lease");
+        assert_eq!(stolen.rows_affected(), 1);
     });
-    // pod-a notices at its next renewal, ttl/3 = 100 ms after acquiring.
+    // pod-a notices at its next renewal, ttl/3 = 300 ms after acquiring.
     let lost_after = lost_after.expect("the body saw the token cancelled");
-    assert!(lost_after < Duration::from_millis(300), "{lost_after:?}");
-    // The other pod takes over at once.
-    let taken = b
-        .try_acquire(LOST, Duration::from_millis(300))
-        .await
-        .unwrap();
-    assert!(taken.is_some());
+    assert!(lost_after < Duration::from_millis(900), "{lost_after:?}");
+    // pod-b holds it now: pod-a's next call is skipped, pod-b's runs.
+    assert_eq!(holder_of_token_lost(&a).await, None);
+    assert_eq!(holder_of_token_lost(&b).await.as_deref(), Some("pod-b"));
+}
+
+#[singleton(name = "singleton-token-lost", ttl = "900ms", lease = pod)]
+async fn holder_of_token_lost(pod: &Lease) -> Option<String> {
+    Some(pod.holder().to_owned())
 }
 
 #[singleton(name = "singleton-token-kept", ttl = "60ms", lease = pod, token = cancel)]
@@ -155,7 +179,7 @@ async fn outlives_its_ttl(pod: &Lease) -> Option<bool> {
     Some(cancel.is_cancelled())
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_token_stays_uncancelled_while_the_lease_is_renewed() {
     let (_db, a, b) = pods();
     let (kept, skipped) = tokio::join!(outlives_its_ttl(&a), async {
@@ -241,7 +265,7 @@ impl Scheduler {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn lease_self_lease_on_ref_mut_and_arc_methods() {
     let (_db, a, b) = pods();
     let mut pod_a = Scheduler {
@@ -369,7 +393,7 @@ async fn crate_path_through_a_re_export() {
 
 #[singleton(name = "singleton-spawned", ttl = "2s", lease = pod, token = cancel)]
 async fn spawned(pod: Lease, names: Vec<String>) -> Option<usize> {
-    sleep(Duration::from_millis(100)).await;
+    sleep(Duration::from_millis(500)).await;
     (!cancel.is_cancelled()).then_some(names.len())
 }
 
