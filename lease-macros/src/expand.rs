@@ -75,7 +75,7 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     } = singleton;
     // `::lease`, or the `crate = "..."` path, spanned where it is used so a
     // type error lands on the user's token rather than on the attribute.
-    let krate = |span: Span| match &krate {
+    let krate_at = |span: Span| match &krate {
         Some(path) => path.to_token_stream(),
         None => quote_spanned!(span=> ::lease),
     };
@@ -87,13 +87,13 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
         // reported there. Evaluated to an owned `Lease` before the closure
         // below takes `self`.
         Some(expr) => {
-            let krate = krate(expr.span());
+            let krate = krate_at(expr.span());
             quote_spanned! {expr.span()=>
                 #krate::__private::AsLease::as_lease(&(#expr))
             }
         }
         None => {
-            let krate = krate(Span::call_site());
+            let krate = krate_at(Span::call_site());
             quote!(#krate::__private::global())
         }
     };
@@ -136,7 +136,7 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     };
     // The return type must be `Skippable`: the call is spanned on it, so that
     // is where an unsupported type is reported.
-    let krate = krate(return_span);
+    let krate = krate_at(return_span);
     let body = quote_spanned! {return_span=>
         let #lease_var = #lease_init;
         #krate::__private::run(#lease_var, #name, #ttl, #min_hold, #job).await
