@@ -74,8 +74,9 @@ pub enum Error {
         after: Duration,
     },
 
-    /// No Tokio runtime is running: `lease` renews leases on a Tokio task.
-    #[error("no tokio runtime: lease must be used inside a tokio runtime (with time enabled)")]
+    /// No Tokio runtime is running: `lease` renews leases on a Tokio task
+    /// (the runtime must also have its time driver enabled).
+    #[error("no tokio runtime: lease must be used inside a tokio runtime")]
     NoRuntime,
 
     /// The backend task ended before it answered (for example its runtime shut down).

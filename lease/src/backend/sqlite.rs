@@ -169,9 +169,11 @@ impl SqliteTable {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(BUSY_TIMEOUT);
+        switch_to_wal(&options).await?;
+        // The file is in WAL mode now, for good: the pool's connections need
+        // not (and must not, see `switch_to_wal`) switch it again.
         let pool = SqlitePoolOptions::new().connect_with(options).await?;
         let table = Self::new(pool);
         table.ensure_schema().await?;
@@ -280,6 +282,43 @@ impl SqliteTable {
     pub fn table(&self) -> &str {
         &self.sql.table
     }
+}
+
+/// Puts the database file into WAL mode, once, with one connection.
+///
+/// Changing the journal mode needs an exclusive lock that SQLite does not
+/// wait for with its busy timeout: when several processes open a new file at
+/// once, all but one get `SQLITE_BUSY` at once. Retry for up to the busy
+/// timeout.
+async fn switch_to_wal(options: &SqliteConnectOptions) -> Result<(), Error> {
+    use sqlx::ConnectOptions;
+
+    let wal = options.clone().journal_mode(SqliteJournalMode::Wal);
+    let give_up = tokio::time::Instant::now() + BUSY_TIMEOUT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match wal.connect().await {
+            Ok(conn) => {
+                sqlx::Connection::close(conn).await?;
+                return Ok(());
+            }
+            Err(e) if is_busy(&e) && tokio::time::Instant::now() < give_up => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// `SQLITE_BUSY` or `SQLITE_LOCKED` (primary result codes 5 and 6).
+fn is_busy(e: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = e else {
+        return false;
+    };
+    db.code()
+        .and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| matches!(c & 0xff, 5 | 6))
 }
 
 impl Backend for SqliteTable {
