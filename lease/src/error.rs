@@ -54,7 +54,9 @@ pub enum Error {
 
     /// A Redis key prefix that is too long (more than 64 bytes) or contains
     /// `{` or `}` (which would change the keys' cluster hash tag).
-    #[error("invalid key prefix {prefix:?} ({len} bytes): a prefix must be at most 64 bytes, without `{{` or `}}`")]
+    #[error(
+        "invalid key prefix {prefix:?} ({len} bytes): a prefix must be at most 64 bytes, without `{{` or `}}`"
+    )]
     InvalidPrefix {
         /// Length of the rejected prefix in bytes.
         len: usize,
