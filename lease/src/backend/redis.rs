@@ -370,3 +370,71 @@ impl Backend for Redis {
         Ok(renewed.into_iter().map(|r| r == 1).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    /// A pool that is never connected (creating one needs no server).
+    fn backend() -> Redis {
+        let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .expect("pool");
+        Redis::new(pool)
+    }
+
+    #[test]
+    fn prefix_rules() {
+        assert_eq!(backend().prefix(), "lease:");
+        assert_eq!(
+            backend()
+                .with_prefix("")
+                .expect("empty is fine")
+                .lock_key("n"),
+            "{n}"
+        );
+        let longest = "p".repeat(Redis::MAX_PREFIX_LEN);
+        assert!(backend().with_prefix(longest.clone()).is_ok());
+        for bad in [
+            format!("{longest}p"),
+            "a{".to_owned(),
+            "}".to_owned(),
+            "x{y}z".to_owned(),
+        ] {
+            match backend().with_prefix(bad.clone()) {
+                Err(Error::InvalidPrefix { len, prefix }) => {
+                    assert_eq!((len, prefix.as_str()), (bad.len(), bad.as_str()));
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn keys_are_distinct_and_share_a_hash_tag() {
+        let redis = backend().with_prefix("p:").expect("valid");
+        let names = [
+            "a", "a}", "a}:fence", "a:fence", "{a}", "}x", "{", "}", "%", "%25", "%7B", "%7D",
+            "%%", "{}", "🦀", "a b", "'\"",
+        ];
+        let mut keys = HashSet::new();
+        for name in names {
+            let (lock, fence) = (redis.lock_key(name), redis.fence_key(name));
+            // The hash tag is everything between the prefix's `{` and the last `}`.
+            let inner = &lock["p:{".len()..lock.len() - 1];
+            assert!(!inner.contains(['{', '}']), "{name:?} -> {lock}");
+            assert!(lock.starts_with("p:{") && lock.ends_with('}'), "{lock}");
+            assert_eq!(fence, format!("{lock}:fence"));
+            assert!(keys.insert(lock) && keys.insert(fence), "{name:?} collides");
+        }
+        assert_eq!(redis.lock_key("%{}"), "p:{%25%7B%7D}");
+    }
+
+    #[test]
+    fn ttls_are_whole_milliseconds() {
+        assert_eq!(millis(Duration::from_millis(10)), 10);
+        assert_eq!(millis(Duration::from_secs(86_400)), 86_400_000);
+    }
+}
