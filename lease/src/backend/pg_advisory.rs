@@ -58,6 +58,10 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 ///   Settings that end idle sessions (`idle_session_timeout`, a proxy's idle
 ///   timeout) end the locks of held connections too — the holder then loses
 ///   its lease at the next heartbeat.
+/// - **A direct connection (or a session-mode pooler) is required.** Behind
+///   a transaction-mode pooler (PgBouncer `pool_mode = transaction`), one
+///   client connection does not keep one server session, and session locks
+///   end up on sessions other clients use: do not use this backend there.
 ///
 /// # Heartbeat
 ///

@@ -99,9 +99,10 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// lease is held does not lose the lease.
 ///
 /// When Redis is unreachable, [`Lease::try_acquire`](crate::Lease::try_acquire)
-/// returns `Err` within this timeout (at once for a refused connection), and
-/// [`Lease::with_lease`](crate::Lease::with_lease) returns
-/// `Skipped(Skip::Error(_))`.
+/// returns `Err` within this timeout or the engine's acquire limit
+/// (`min(ttl - margin, 30 s)`), whichever is shorter — at once for a refused
+/// connection — and never hangs; [`Lease::with_lease`](crate::Lease::with_lease)
+/// returns `Skipped(Skip::Error(_))` (the next tick tries again).
 ///
 /// # What can lose a lease (read this before relying on it)
 ///
@@ -203,7 +204,8 @@ impl Redis {
     /// Give every Redis call (pool checkout and command together) at most
     /// `timeout` (default 5 s); a call that takes longer fails with
     /// [`Error::Timeout`]. The engine applies its own, often shorter,
-    /// limits on top (a renewal gets at most `ttl/3`).
+    /// limits on top (a renewal gets at most `ttl/3`). A zero timeout makes
+    /// every call fail.
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
