@@ -1032,6 +1032,18 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
         matches!(outcome, Outcome::Skipped(Skip::Error(_))),
         "{outcome:?}"
     );
+
+    // With the default timeout, the documented bound is 5 s.
+    let silent = deadpool_redis::Config::from_url(format!("redis://{addr}"))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let pod_a = Lease::with_holder(Redis::new(silent), "pod-a");
+    let start = Instant::now();
+    let result = pod_a.try_acquire(&unique("redis-silent"), ms(60_000)).await;
+    let took = start.elapsed();
+    println!("silent server, default timeout: try_acquire answered {result:?} after {took:?}");
+    assert!(result.is_err());
+    assert!(took < Redis::DEFAULT_TIMEOUT + SLACK, "took {took:?}");
     task.abort();
 }
 
