@@ -12,6 +12,8 @@
 //! | `SqliteTable` | `sqlite` | the host clock, in SQL | `fence` column | ttl, release |
 //! | `PgTable` | `postgres` | PostgreSQL `clock_timestamp()` | `fence` column | ttl, release |
 //! | `MySqlTable` | `mysql` | MySQL `UTC_TIMESTAMP(6)` | `fence` column | ttl, release |
+//! | `PgAdvisory` | `postgres` | nothing: no expiry, ttl sets the heartbeat | none | the session's end, release |
+//! | `Redis` | `redis` | Redis `PX` | `INCR` of a companion key | ttl, release |
 //!
 //! [`acquire`]: Backend::acquire
 //! [`renew`]: Backend::renew
@@ -48,6 +50,18 @@ pub use mysql::MySqlTable;
 
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 mod sql;
+
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+mod pg_advisory;
+#[cfg(feature = "postgres")]
+pub use pg_advisory::PgAdvisory;
+
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+mod redis;
+#[cfg(feature = "redis")]
+pub use self::redis::Redis;
 
 /// Storage for leases: one record per name, with a holder, an expiry and a
 /// fencing counter.

@@ -52,11 +52,16 @@ pub enum Error {
         table: String,
     },
 
-    /// A Redis key prefix that is too long (more than 64 bytes).
-    #[error("invalid key prefix ({len} bytes): a prefix must be at most 64 bytes")]
+    /// A Redis key prefix that is too long (more than 64 bytes) or contains
+    /// `{` or `}` (which would change the keys' cluster hash tag).
+    #[error(
+        "invalid key prefix {prefix:?} ({len} bytes): a prefix must be at most 64 bytes, without `{{` or `}}`"
+    )]
     InvalidPrefix {
         /// Length of the rejected prefix in bytes.
         len: usize,
+        /// The rejected prefix.
+        prefix: String,
     },
 
     /// [`set_global_default`](crate::set_global_default) was called a second time.

@@ -172,6 +172,9 @@ mod skippable;
 mod validate;
 
 pub use backend::{Backend, Grant};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use deadpool_redis;
 pub use error::{Error, Result};
 pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;

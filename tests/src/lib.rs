@@ -1,8 +1,8 @@
 //! Shared helpers for the integration tests: connecting to the test servers,
-//! unique lease names and throw-away SQLite files.
+//! unique lease names, throw-away SQLite files and a slow TCP proxy.
 //!
-//! Tests that need a server call [`postgres`] or [`mysql`] first and return
-//! early on `None`:
+//! Tests that need a server call [`postgres`], [`mysql`] or [`redis`] first
+//! and return early on `None`:
 //!
 //! ```no_run
 //! # async fn f() {
@@ -19,6 +19,7 @@
 //! |---|---|---|
 //! | PostgreSQL | `LEASE_POSTGRES_URL` | `postgres://postgres@127.0.0.1:5432/test` |
 //! | MySQL / MariaDB | `LEASE_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` |
+//! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
 use std::fmt::Display;
 use std::hash::{BuildHasher, RandomState};
@@ -38,6 +39,10 @@ pub const POSTGRES_URL_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test"
 pub const MYSQL_URL_VAR: &str = "LEASE_MYSQL_URL";
 /// MySQL / MariaDB URL used when [`MYSQL_URL_VAR`] is not set.
 pub const MYSQL_URL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
+/// Environment variable with the Redis URL.
+pub const REDIS_URL_VAR: &str = "LEASE_REDIS_URL";
+/// Redis URL used when [`REDIS_URL_VAR`] is not set.
+pub const REDIS_URL_DEFAULT: &str = "redis://127.0.0.1:6379";
 /// Environment variable that, when `1`, turns an unreachable server into a
 /// test failure instead of a skip.
 pub const REQUIRE_SERVICES_VAR: &str = "LEASE_REQUIRE_SERVICES";
@@ -58,6 +63,11 @@ pub fn mysql_url() -> String {
     std::env::var(MYSQL_URL_VAR).unwrap_or_else(|_| MYSQL_URL_DEFAULT.to_owned())
 }
 
+/// The Redis URL for tests: `$LEASE_REDIS_URL`, or the default.
+pub fn redis_url() -> String {
+    std::env::var(REDIS_URL_VAR).unwrap_or_else(|_| REDIS_URL_DEFAULT.to_owned())
+}
+
 /// True when `LEASE_REQUIRE_SERVICES=1`: a missing server fails the test.
 pub fn services_required() -> bool {
     std::env::var(REQUIRE_SERVICES_VAR).is_ok_and(|v| v == "1")
@@ -74,13 +84,19 @@ pub fn services_required() -> bool {
 ///
 /// When the server cannot be reached and [`services_required`].
 pub async fn postgres() -> Option<PgPool> {
+    postgres_with(PgPoolOptions::new().max_connections(MAX_CONNECTIONS)).await
+}
+
+/// Like [`postgres`], with the caller's pool options (for tests that watch
+/// which connection the pool hands out, or need a small pool).
+///
+/// # Panics
+///
+/// When the server cannot be reached and [`services_required`].
+pub async fn postgres_with(options: PgPoolOptions) -> Option<PgPool> {
     let url = postgres_url();
     probe::<PgConnection>("postgres", &url).await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(MAX_CONNECTIONS)
-        .acquire_timeout(CONNECT_TIMEOUT)
-        .connect(&url)
-        .await;
+    let pool = options.acquire_timeout(CONNECT_TIMEOUT).connect(&url).await;
     available("postgres", &url, pool)
 }
 
@@ -103,6 +119,50 @@ pub async fn mysql() -> Option<MySqlPool> {
         .connect(&url)
         .await;
     available("mysql", &url, pool)
+}
+
+/// A pool on the test Redis server ([`redis_url`]) that answered a `PING`,
+/// or `None` after printing `skipped: no redis at <url>` when it cannot be
+/// reached.
+///
+/// # Panics
+///
+/// When the server cannot be reached and [`services_required`].
+pub async fn redis() -> Option<deadpool_redis::Pool> {
+    redis_with(|builder| builder).await
+}
+
+/// Like [`redis`], letting the caller adjust the pool (size, hooks).
+///
+/// # Panics
+///
+/// When the server cannot be reached and [`services_required`].
+pub async fn redis_with(
+    configure: impl FnOnce(deadpool_redis::PoolBuilder) -> deadpool_redis::PoolBuilder,
+) -> Option<deadpool_redis::Pool> {
+    let url = redis_url();
+    let pool = async {
+        let builder = deadpool_redis::Config::from_url(url.clone())
+            .builder()
+            .map_err(|e| e.to_string())?;
+        let pool = configure(builder.runtime(deadpool_redis::Runtime::Tokio1))
+            .build()
+            .map_err(|e| e.to_string())?;
+        let ping = async {
+            let mut conn = pool.get().await.map_err(|e| e.to_string())?;
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map_err(|e| e.to_string())
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, ping).await {
+            Ok(Ok(_)) => Ok(pool),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("no answer within {CONNECT_TIMEOUT:?}")),
+        }
+    }
+    .await;
+    available("redis", &url, pool)
 }
 
 /// One connection attempt, so that a refused connection is reported at once
@@ -184,4 +244,91 @@ pub fn init_tracing() {
         )
         .with_test_writer()
         .try_init();
+}
+/// A TCP proxy that holds back every byte the server sends for a fixed
+/// delay, passing the client's bytes on at once; through it, a query's
+/// answer arrives `delay` after the server acted on it, which widens the
+/// window between "done on the server" and "answered" for cancellation tests.
+///
+/// When the server closes a connection (`CLIENT KILL`,
+/// `pg_terminate_backend`), the proxy drops the client's side at once,
+/// with the bytes still held back, so the client sees its request fail.
+/// Dropping the proxy stops it and cuts every connection.
+#[derive(Debug)]
+pub struct SlowProxy {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SlowProxy {
+    /// Listen on a free port of 127.0.0.1 and forward to `upstream`.
+    ///
+    /// # Panics
+    ///
+    /// If no local port can be bound.
+    pub async fn start(upstream: std::net::SocketAddr, delay: Duration) -> SlowProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a local port");
+        let addr = listener.local_addr().expect("local address");
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                connections.spawn(forward(client, upstream, delay));
+            }
+        });
+        SlowProxy { addr, task }
+    }
+
+    /// The address to connect to instead of the server's.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        // Aborting the accept task drops its `JoinSet`, which aborts every connection.
+        self.task.abort();
+    }
+}
+
+async fn forward(client: tokio::net::TcpStream, upstream: std::net::SocketAddr, delay: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let up = async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+        let _ = server_write.shutdown().await;
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let down_read = async move {
+        let mut buf = vec![0; 16 * 1024];
+        while let Ok(n @ 1..) = server_read.read(&mut buf).await {
+            if tx
+                .send((tokio::time::Instant::now() + delay, buf[..n].to_vec()))
+                .is_err()
+            {
+                return;
+            }
+        }
+    };
+    let down_write = async move {
+        while let Some((at, bytes)) = rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if client_write.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    };
+    // The server's side ending (or the client's) ends the connection:
+    // whatever is still held back is dropped with it.
+    tokio::select! {
+        () = up => {}
+        () = down_read => {}
+        () = down_write => {}
+    }
 }

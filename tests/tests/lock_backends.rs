@@ -1,0 +1,1103 @@
+//! Backend-specific behaviour of `PgAdvisory` and `Redis` (the Go `lock`
+//! package's two backends), driven through `lease::Lease` against real
+//! servers. What every backend shares is checked by the conformance suite;
+//! this file checks what only these two do: sqlx key interop, connection
+//! death, cancelled acquires and pool hygiene for `PgAdvisory`; key
+//! encoding, keys deleted or connections killed behind the holder's back,
+//! an unreachable server and fencing for `Redis`.
+//!
+//! Timings are asserted with generous slack (a loaded 2-core machine) and
+//! printed, so `--nocapture` shows the measured values.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use lease::backend::{PgAdvisory, Redis};
+use lease::{Lease, LeaseGuard, Outcome, Skip};
+use lease_tests::unique;
+use redis::AsyncCommands;
+use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
+use sqlx::{Either, PgPool};
+
+/// Slack added to every "within" bound.
+const SLACK: Duration = Duration::from_millis(500);
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Wait (at most `limit`) for the guard's token to be cancelled; how long it took.
+async fn cancelled_within(guard: &LeaseGuard, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    tokio::time::timeout(limit, guard.token().cancelled())
+        .await
+        .ok()
+        .map(|()| start.elapsed())
+}
+
+/// Poll `f` every 10 ms until it is true or `limit` passes; how long it took.
+async fn eventually<F, Fut>(limit: Duration, mut f: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+}
+
+// ---------------------------------------------------------------- PgAdvisory
+
+/// `(pid, granted)` of every session holding or awaiting the advisory lock of `name`.
+async fn pg_lockers(observer: &PgPool, name: &str) -> Vec<i32> {
+    sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+         AND classid::int8 = (($1::int8 >> 32) & 4294967295) AND objid::int8 = ($1::int8 & 4294967295)",
+    )
+    .bind(PgAdvisory::key(name))
+    .fetch_all(observer)
+    .await
+    .expect("query pg_locks")
+}
+
+async fn pg_alive(observer: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .expect("query pg_stat_activity")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_key_is_sqlx_advisory_lock_key() {
+    let Some(pool) = lease_tests::postgres().await else {
+        return;
+    };
+    let name = unique("pg-sqlx-interop");
+    let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
+    let sqlx_lock = PgAdvisoryLock::new(&name);
+    assert_eq!(sqlx_lock.key().as_bigint(), Some(PgAdvisory::key(&name)));
+
+    // Held through lease: sqlx's own lock type, on another connection, cannot have it.
+    let guard = pod_a
+        .try_acquire(&name, ms(2000))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let conn = pool.acquire().await.expect("connection");
+    let conn = match sqlx_lock.try_acquire(conn).await.expect("sqlx try_acquire") {
+        Either::Left(_) => {
+            panic!("sqlx's PgAdvisoryLock got a lock that lease holds: the keys differ")
+        }
+        Either::Right(conn) => conn,
+    };
+    guard.release().await.expect("release");
+
+    // Released: now sqlx gets it, and while sqlx holds it lease cannot.
+    let sqlx_guard = match sqlx_lock.try_acquire(conn).await.expect("sqlx try_acquire") {
+        Either::Left(guard) => guard,
+        Either::Right(_) => panic!("sqlx's PgAdvisoryLock could not lock a name lease released"),
+    };
+    assert!(
+        pod_a
+            .try_acquire(&name, ms(2000))
+            .await
+            .expect("acquire")
+            .is_none()
+    );
+    drop(sqlx_guard.release_now().await.expect("sqlx release"));
+    let guard = pod_a
+        .try_acquire(&name, ms(2000))
+        .await
+        .expect("acquire")
+        .expect("free again");
+    assert_eq!(
+        guard.fencing_token(),
+        None,
+        "PgAdvisory has no fencing token"
+    );
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_terminated_connection_cancels_token_and_frees_lock() {
+    let Some(pool) = lease_tests::postgres().await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let backend = PgAdvisory::new(pool);
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let name = unique("pg-terminate");
+    let ttl = ms(1500);
+
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    // Let a heartbeat or two pass: the lock does not depend on the ttl.
+    tokio::time::sleep(ttl).await;
+    assert!(guard.is_valid());
+    let pids = pg_lockers(&observer, &name).await;
+    let [pid] = pids[..] else {
+        panic!("expected one session holding the lock, found {pids:?}")
+    };
+
+    let killed = Instant::now();
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+
+    // Another holder gets the name as soon as the session is gone, long before any ttl.
+    let takeover = loop {
+        if let Some(g) = pod_b.try_acquire(&name, ttl).await.expect("pod-b acquire") {
+            break g;
+        }
+        assert!(
+            killed.elapsed() < ms(2000),
+            "pod-b should acquire right after the holder's session ended"
+        );
+        tokio::time::sleep(ms(10)).await;
+    };
+    let took = killed.elapsed();
+
+    // The old holder notices at its next heartbeat.
+    let limit = ttl / 3 + SLACK;
+    let noticed = cancelled_within(&guard, limit).await;
+    println!(
+        "pg_terminate_backend: takeover after {took:?}, holder's token cancelled after {:?}",
+        killed.elapsed()
+    );
+    assert!(
+        noticed.is_some(),
+        "token not cancelled within ttl/3 + {SLACK:?} = {limit:?} of pg_terminate_backend"
+    );
+    assert!(
+        killed.elapsed() <= limit + ms(100),
+        "cancelled only after {:?}",
+        killed.elapsed()
+    );
+    assert!(!guard.is_valid());
+    assert!(takeover.is_valid());
+    // The old guard's release is a no-op and does not touch pod-b's lock.
+    guard.release().await.expect("release after loss");
+    assert!(
+        pod_a
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .is_none()
+    );
+    takeover.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_no_expiry_while_the_session_lives() {
+    let Some(pool) = lease_tests::postgres().await else {
+        return;
+    };
+    let backend = PgAdvisory::new(pool);
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let name = unique("pg-no-expiry");
+    let ttl = ms(300);
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    for _ in 0..5 {
+        tokio::time::sleep(ttl).await;
+        assert!(
+            pod_b
+                .try_acquire(&name, ttl)
+                .await
+                .expect("acquire")
+                .is_none()
+        );
+        assert!(
+            guard.is_valid(),
+            "the heartbeat keeps the lease while the session lives"
+        );
+    }
+    guard.release().await.expect("release");
+    pod_b
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free after release")
+        .release()
+        .await
+        .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_dropped_try_acquire_leaves_no_lock() {
+    // Through a proxy that delays the server's answers by 10 ms, a
+    // `try_acquire` spends most of its time after the server granted the
+    // lock and before the answer arrives: the window in which a dropped
+    // future must not leave the lock behind. Few connections, so that a
+    // connection put back with a lock on it would be handed out again and
+    // show up below; kept warm and not pinged before use, so that most calls
+    // are just the lock query.
+    let options = PgPoolOptions::new()
+        .max_connections(3)
+        .min_connections(3)
+        .test_before_acquire(false);
+    let Some((pool, proxy)) = slow_pg_pool(ms(10), options).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let backend = PgAdvisory::new(pool.clone());
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let name = unique("pg-dropped-acquire");
+    let ttl = ms(5000);
+
+    let (mut dropped, mut dropped_locked, mut acquired, mut held_elsewhere, mut errors) =
+        (0, 0, 0, 0, 0);
+    // Limits from 0 to 25 ms (a warm call takes about 10 ms, one that has to
+    // reconnect several times that): the future is dropped while waiting
+    // for the pool, while connecting, while the lock query is on the wire,
+    // after the lock was granted, or not at all. Every fourth call is let
+    // through, so that the pool warms up again.
+    for i in 0..200u32 {
+        let limit = if i % 4 == 3 {
+            ms(5000)
+        } else {
+            Duration::from_micros(u64::from((i * 7919) % 25_000))
+        };
+        match tokio::time::timeout(limit, pod_a.try_acquire(&name, ttl)).await {
+            Err(_) => {
+                dropped += 1;
+                // A lock visible now belongs to a session that is being
+                // closed: this drop came after the lock was granted.
+                if !pg_lockers(&observer, &name).await.is_empty() {
+                    dropped_locked += 1;
+                }
+            }
+            Ok(result) => {
+                match result {
+                    Ok(Some(guard)) => {
+                        acquired += 1;
+                        guard.release().await.expect("release");
+                    }
+                    Ok(None) => held_elsewhere += 1, // a closing session still had it
+                    Err(e) => {
+                        errors += 1;
+                        eprintln!("try_acquire error: {e}");
+                    }
+                }
+            }
+        }
+    }
+    println!(
+        "200 try_acquire: {dropped} dropped ({dropped_locked} of them after the lock was granted), \
+         {acquired} acquired, {held_elsewhere} held elsewhere, {errors} errors"
+    );
+    assert!(
+        dropped > 20 && acquired > 20,
+        "the limits should both cut and let through some acquisitions"
+    );
+    assert!(
+        dropped_locked > 0,
+        "no acquisition was dropped after its lock was granted: the test missed the window"
+    );
+
+    // Connections closed by dropped futures end in the background; after
+    // that, no session may hold the lock — in particular none in the pool.
+    let clean = eventually(ms(5000), || async {
+        pg_lockers(&observer, &name).await.is_empty()
+    })
+    .await;
+    assert!(
+        clean.is_some(),
+        "advisory lock left behind by {:?}",
+        pg_lockers(&observer, &name).await
+    );
+    // And every pooled connection is clean: take them all and ask each.
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        conns.push(pool.acquire().await.expect("connection"));
+    }
+    for conn in &mut conns {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+        )
+        .fetch_one(&mut **conn)
+        .await
+        .expect("count");
+        assert_eq!(n, 0, "a pooled connection holds an advisory lock");
+    }
+    drop(conns);
+    let pod_b = Lease::with_holder(PgAdvisory::new(observer.clone()), "pod-b");
+    pod_b
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    drop(proxy);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_release_pools_the_connection_only_after_unlock() {
+    // One connection: whatever the pool hands out next is the lock's connection.
+    let Some(pool) = lease_tests::postgres_with(PgPoolOptions::new().max_connections(1)).await
+    else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
+    let name = unique("pg-release-pool");
+    // Long ttl: no heartbeat interferes with the release below.
+    let ttl = ms(60_000);
+
+    // Unlock succeeds: the same session goes back to the pool, without the lock.
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let [pid] = pg_lockers(&observer, &name).await[..] else {
+        panic!("one holder expected")
+    };
+    assert_eq!(
+        pool.num_idle(),
+        0,
+        "the lock's connection is checked out while held"
+    );
+    guard.release().await.expect("release");
+    assert!(pg_lockers(&observer, &name).await.is_empty());
+    let mut conn = pool.acquire().await.expect("pooled connection");
+    let pooled_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("pid");
+    assert_eq!(
+        pooled_pid, pid,
+        "after a successful unlock the connection is reused"
+    );
+    drop(conn);
+
+    // Unlock fails (the session was terminated): the connection is closed, not pooled.
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let [pid] = pg_lockers(&observer, &name).await[..] else {
+        panic!("one holder expected")
+    };
+    let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(
+        eventually(ms(2000), || async { !pg_alive(&observer, pid).await })
+            .await
+            .is_some()
+    );
+    let result = guard.release().await;
+    assert!(
+        result.is_err(),
+        "the unlock on a dead session must fail, got {result:?}"
+    );
+    let mut conn = pool.acquire().await.expect("fresh connection");
+    let new_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("pid");
+    assert_ne!(
+        new_pid, pid,
+        "a connection whose unlock failed must not be pooled"
+    );
+    drop(conn);
+    assert!(pg_lockers(&observer, &name).await.is_empty());
+}
+
+/// A pool of connections to PostgreSQL through a proxy that delays every
+/// answer by `delay`; `None` (skipped) without a server.
+async fn slow_pg_pool(
+    delay: Duration,
+    options: PgPoolOptions,
+) -> Option<(PgPool, lease_tests::SlowProxy)> {
+    lease_tests::postgres().await?;
+    let connect: sqlx::postgres::PgConnectOptions =
+        lease_tests::postgres_url().parse().expect("postgres url");
+    let upstream = tokio::net::lookup_host((connect.get_host(), connect.get_port()))
+        .await
+        .expect("resolve postgres host")
+        .next()
+        .expect("an address");
+    let proxy = lease_tests::SlowProxy::start(upstream, delay).await;
+    let connect = connect.host("127.0.0.1").port(proxy.addr().port());
+    let pool = options
+        .connect_with(connect)
+        .await
+        .expect("connect through the proxy");
+    Some((pool, proxy))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_release_during_a_heartbeat_unlocks_cleanly() {
+    // Answers take 60 ms, so a heartbeat is in flight for 60 ms of every
+    // 200 ms; release in the middle of one.
+    let Some((pool, _proxy)) = slow_pg_pool(ms(60), PgPoolOptions::new().max_connections(1)).await
+    else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
+    let name = unique("pg-release-heartbeat");
+    let ttl = ms(600);
+    for round in 0..3 {
+        let guard = pod_a
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .expect("free");
+        let [pid] = pg_lockers(&observer, &name).await[..] else {
+            panic!("one holder expected")
+        };
+        tokio::time::sleep(ttl / 3 + ms(30)).await;
+        guard.release().await.expect("release");
+        // Unlocked by the time release returns (the heartbeat was not cut
+        // off, which would have closed the connection instead) ...
+        assert_eq!(
+            pg_lockers(&observer, &name).await,
+            Vec::<i32>::new(),
+            "round {round}"
+        );
+        // ... and the connection went back to the pool.
+        let mut conn = pool.acquire().await.expect("connection");
+        let pooled: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .expect("pid");
+        assert_eq!(
+            pooled, pid,
+            "round {round}: the released connection is reused"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_reacquire_never_stacks() {
+    let Some(pool) = lease_tests::postgres().await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let backend = PgAdvisory::new(pool);
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    // Same holder, another `Lease`: the backend sees an idempotent re-acquire.
+    let pod_a_again = Lease::with_holder(backend.clone(), "pod-a");
+    let name = unique("pg-reentrant");
+    let ttl = ms(900);
+
+    let first = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    assert!(
+        pod_a
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .is_none(),
+        "a held name is HeldElsewhere to its own Lease"
+    );
+    let outcome = pod_a.with_lease(&name, ttl, |_| async {}).await;
+    assert!(
+        matches!(outcome, Outcome::Skipped(Skip::HeldElsewhere)),
+        "{outcome:?}"
+    );
+    let second = pod_a_again
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("same holder re-acquires");
+    assert_eq!(
+        pg_lockers(&observer, &name).await.len(),
+        1,
+        "one session holds it"
+    );
+
+    // One release frees it: the re-acquire did not stack a second lock.
+    first.release().await.expect("release");
+    assert!(
+        pg_lockers(&observer, &name).await.is_empty(),
+        "one unlock must free the name"
+    );
+    let conn = observer.acquire().await.expect("connection");
+    match PgAdvisoryLock::new(&name)
+        .try_acquire(conn)
+        .await
+        .expect("sqlx try_acquire")
+    {
+        Either::Left(guard) => drop(guard.release_now().await.expect("sqlx release")),
+        Either::Right(_) => panic!("the name is still locked after one release"),
+    }
+    // The second guard shared the lock and learns that it is gone.
+    assert!(cancelled_within(&second, ttl / 3 + SLACK).await.is_some());
+    second.release().await.expect("release");
+}
+
+// --------------------------------------------------------------------- Redis
+
+async fn redis_backend() -> Option<(deadpool_redis::Pool, Redis)> {
+    let pool = lease_tests::redis().await?;
+    Some((pool.clone(), Redis::new(pool)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_names_are_data() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let base = unique("redis-names");
+    // Names that a naive key scheme (no escaping, or brace-unaware) would
+    // map onto each other's lock or fence keys.
+    let suffixes = [
+        "",
+        "{",
+        "}",
+        "}x",
+        "{x}",
+        "a{b}c",
+        ":fence",
+        "}:fence",
+        "%",
+        "%25",
+        "%7B",
+        "%7D",
+        "\"quoted\" 'single'",
+        "50% off",
+        "🔒🦀",
+        "ünïcödé",
+        " spaced ",
+        "\\back\\slash",
+        "*?[glob]",
+    ];
+    let names: Vec<String> = suffixes.iter().map(|s| format!("{base}{s}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        let guard = pod_a
+            .try_acquire(name, ms(5000))
+            .await
+            .expect("acquire")
+            .unwrap_or_else(|| panic!("{name:?} is free"));
+        assert_eq!(
+            guard.fencing_token(),
+            Some(1),
+            "{name:?} has a fence counter of its own"
+        );
+        guards.push(guard);
+    }
+    let mut conn = pool.get().await.expect("connection");
+    let mut keys = std::collections::HashSet::new();
+    for name in &names {
+        assert!(
+            pod_b
+                .try_acquire(name, ms(5000))
+                .await
+                .expect("acquire")
+                .is_none(),
+            "{name:?}"
+        );
+        let lock_key = backend.lock_key(name);
+        let fence_key = backend.fence_key(name);
+        let holder: Option<String> = conn.get(&lock_key).await.expect("GET");
+        assert_eq!(holder.as_deref(), Some("pod-a"), "{name:?}");
+        let fence: Option<u64> = conn.get(&fence_key).await.expect("GET");
+        assert_eq!(fence, Some(1), "{name:?}");
+        // Both keys share the hash tag (the text between the first `{` and the next `}`).
+        let tag = |k: &str| {
+            let open = k.find('{').expect("a brace");
+            let close = open + k[open..].find('}').expect("a closing brace");
+            k[open + 1..close].to_owned()
+        };
+        assert_eq!(tag(&lock_key), tag(&fence_key), "{name:?}");
+        assert!(
+            lock_key.starts_with("lease:{") && lock_key.ends_with('}'),
+            "{lock_key}"
+        );
+        assert!(
+            keys.insert(lock_key) && keys.insert(fence_key),
+            "{name:?} shares a key with another name"
+        );
+    }
+    assert_eq!(backend.lock_key("a{b}%"), "lease:{a%7Bb%7D%25}");
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    for name in &names {
+        let guard = pod_b
+            .try_acquire(name, ms(5000))
+            .await
+            .expect("acquire")
+            .expect("released");
+        assert_eq!(guard.fencing_token(), Some(2), "{name:?}");
+        guard.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_prefix_is_used() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let backend = backend.with_prefix("lease-tests:").expect("valid prefix");
+    assert!(matches!(
+        Redis::new(pool.clone()).with_prefix("a{b"),
+        Err(lease::Error::InvalidPrefix { .. })
+    ));
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let name = unique("redis-prefix");
+    let guard = pod_a
+        .try_acquire(&name, ms(5000))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut conn = pool.get().await.expect("connection");
+    let holder: Option<String> = conn
+        .get(format!("lease-tests:{{{name}}}"))
+        .await
+        .expect("GET");
+    assert_eq!(holder.as_deref(), Some("pod-a"));
+    let default: Option<String> = conn.get(format!("lease:{{{name}}}")).await.expect("GET");
+    assert_eq!(default, None);
+    guard.release().await.expect("release");
+    let holder: Option<String> = conn
+        .get(format!("lease-tests:{{{name}}}"))
+        .await
+        .expect("GET");
+    assert_eq!(holder, None, "release deletes the lock key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_deleted_key_cancels_token() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let name = unique("redis-del");
+    let ttl = ms(900);
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = guard.fencing_token().expect("a fence");
+    // Past the ttl (renewed), and half-way between two renewals.
+    tokio::time::sleep(ttl + ttl / 6).await;
+    assert!(guard.is_valid(), "renewed past its ttl");
+
+    let mut conn = pool.get().await.expect("connection");
+    let deleted = Instant::now();
+    let n: u64 = conn.del(backend.lock_key(&name)).await.expect("DEL");
+    assert_eq!(n, 1);
+    // Free for anyone at once, with a larger fence.
+    let takeover = pod_b
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free after DEL");
+    assert!(takeover.fencing_token().expect("a fence") > fence);
+    let limit = ttl / 3 + SLACK;
+    let noticed = cancelled_within(&guard, limit).await;
+    println!(
+        "redis DEL: holder's token cancelled after {:?}",
+        deleted.elapsed()
+    );
+    assert!(
+        noticed.is_some(),
+        "token not cancelled within ttl/3 + {SLACK:?} = {limit:?} of the DEL"
+    );
+    // The old holder's release is token-checked: pod-b keeps its lock.
+    guard.release().await.expect("release");
+    let holder: Option<String> = conn.get(backend.lock_key(&name)).await.expect("GET");
+    assert_eq!(holder.as_deref(), Some("pod-b"));
+    assert!(takeover.is_valid());
+    takeover.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_overwritten_key_is_not_renewed_or_released() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let name = unique("redis-overwrite");
+    let ttl = ms(900);
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let mut conn = pool.get().await.expect("connection");
+    let () = conn
+        .set_ex(backend.lock_key(&name), "pod-x", 60)
+        .await
+        .expect("SET");
+    assert!(
+        cancelled_within(&guard, ttl / 3 + SLACK).await.is_some(),
+        "a lock that holds another holder is lost"
+    );
+    guard.release().await.expect("release");
+    let holder: Option<String> = conn.get(backend.lock_key(&name)).await.expect("GET");
+    assert_eq!(
+        holder.as_deref(),
+        Some("pod-x"),
+        "release must not delete another holder's lock"
+    );
+    let ttl_left: i64 = conn.pttl(backend.lock_key(&name)).await.expect("PTTL");
+    assert!(
+        ttl_left > 50_000,
+        "renew must not have touched another holder's expiry ({ttl_left} ms)"
+    );
+    let _: u64 = conn.del(backend.lock_key(&name)).await.expect("DEL");
+}
+
+/// Ids of the Redis clients named `client_name`.
+async fn client_ids(conn: &mut deadpool_redis::Connection, client_name: &str) -> Vec<String> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|line| {
+            line.split(' ')
+                .any(|field| field == format!("name={client_name}"))
+        })
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix("id="))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// Counts the engine's "renewal failed" warnings and the Redis backend's
+/// "retrying on another" connection retries.
+#[derive(Clone, Default)]
+struct Failures {
+    renewals: Arc<AtomicUsize>,
+    retries: Arc<AtomicUsize>,
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Failures {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if message.0.contains("lease renewal failed") {
+            self.renewals.fetch_add(1, Ordering::Relaxed);
+        } else if message.0.contains("retrying on another") {
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+// Current-thread runtime: the thread-local subscriber sees the engine's events.
+#[tokio::test(flavor = "current_thread")]
+async fn redis_client_kill_does_not_lose_the_lease() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let Some(admin_pool) = lease_tests::redis().await else {
+        return;
+    };
+    let mut admin = admin_pool.get().await.expect("connection");
+    let failures = Failures::default();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(failures.clone()));
+
+    // The pool reaches Redis through a proxy that delays every answer by
+    // 20 ms, so that kills often land while a renewal is in flight (and not
+    // only on idle connections, which the pool's recycle check would weed
+    // out before a renewal sees them). The pool's connections are named, to
+    // kill exactly those: killing every normal client would disturb the
+    // tests running beside this one.
+    let info = redis::IntoConnectionInfo::into_connection_info(lease_tests::redis_url())
+        .expect("redis url");
+    let redis::ConnectionAddr::Tcp(host, port) = info.addr().clone() else {
+        panic!("a tcp redis url")
+    };
+    let upstream = tokio::net::lookup_host((host, port))
+        .await
+        .expect("resolve")
+        .next()
+        .expect("an address");
+    let proxy = lease_tests::SlowProxy::start(upstream, ms(20)).await;
+    let info = info.set_addr(redis::ConnectionAddr::Tcp(
+        "127.0.0.1".to_owned(),
+        proxy.addr().port(),
+    ));
+    let client_name = unique("lease_kill").replace('-', "_");
+    let hook_name = client_name.clone();
+    let pool = deadpool_redis::Config::from_connection_info(info)
+        .builder()
+        .expect("pool config")
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .post_create(deadpool_redis::Hook::async_fn(move |conn, _| {
+            let name = hook_name.clone();
+            Box::pin(async move {
+                let set = redis::cmd("CLIENT")
+                    .arg("SETNAME")
+                    .arg(&name)
+                    .query_async::<()>(conn)
+                    .await;
+                set.map_err(deadpool_redis::HookError::Backend)
+            })
+        }))
+        .build()
+        .expect("pool");
+
+    let backend = Redis::new(pool);
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let name = unique("redis-kill");
+    let ttl = ms(1200);
+
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let fence = guard.fencing_token();
+    // Kill the pool's connections every 50..150 ms for 5 ttls.
+    let start = Instant::now();
+    let mut killed = 0;
+    let mut round = 0u64;
+    while start.elapsed() < ttl * 5 {
+        for id in client_ids(&mut admin, &client_name).await {
+            let n: u64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("ID")
+                .arg(&id)
+                .query_async(&mut *admin)
+                .await
+                .unwrap_or(0);
+            killed += n;
+        }
+        round += 1;
+        tokio::time::sleep(ms(50 + (round * 37) % 100)).await;
+        assert!(
+            guard.is_valid(),
+            "lease lost after {:?} ({killed} connections killed)",
+            start.elapsed()
+        );
+    }
+    let (renewals, retries) = (
+        failures.renewals.load(Ordering::Relaxed),
+        failures.retries.load(Ordering::Relaxed),
+    );
+    println!(
+        "CLIENT KILL: {killed} pool connections killed in {:?}; {retries} calls retried on another connection, \
+         {renewals} renewals failed and were retried by the engine; the lease is still held",
+        start.elapsed()
+    );
+    assert!(
+        killed >= 10,
+        "the test should have killed the pool's connections"
+    );
+    assert!(
+        retries + renewals > 0,
+        "no kill hit a call in flight: the test did not exercise the retry path"
+    );
+    assert!(!guard.token().is_cancelled());
+    let holder: Option<String> = admin.get(backend.lock_key(&name)).await.expect("GET");
+    assert_eq!(holder.as_deref(), Some("pod-a"));
+    assert!(
+        pod_b
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .is_none()
+    );
+    // The re-acquire of the same holder keeps the fence.
+    let pod_a_again = Lease::with_holder(backend.clone(), "pod-a");
+    let again = pod_a_again
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("same holder");
+    assert_eq!(again.fencing_token(), fence);
+    again.release().await.expect("release");
+    guard.release().await.expect("release");
+    drop(proxy);
+}
+
+/// A TCP server that accepts connections and never answers.
+async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            open.push(socket);
+        }
+    });
+    (addr, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_is_an_error_not_a_hang() {
+    // Needs no server. Nothing listens on port 1: connections are refused.
+    let refused = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let pod_a = Lease::with_holder(Redis::new(refused), "pod-a");
+    let start = Instant::now();
+    let result = pod_a.try_acquire(&unique("redis-refused"), ms(2000)).await;
+    println!(
+        "refused: try_acquire answered {result:?} after {:?}",
+        start.elapsed()
+    );
+    assert!(result.is_err());
+    assert!(
+        start.elapsed() < ms(1000),
+        "a refused connection must fail fast, took {:?}",
+        start.elapsed()
+    );
+    let outcome = pod_a
+        .with_lease(&unique("redis-refused"), ms(2000), |_| async {
+            panic!("must not run")
+        })
+        .await;
+    assert!(
+        matches!(outcome, Outcome::Skipped(Skip::Error(_))),
+        "{outcome:?}"
+    );
+
+    // A server that accepts and never answers: the backend's timeout bounds the call.
+    let (addr, task) = black_hole().await;
+    let silent = deadpool_redis::Config::from_url(format!("redis://{addr}"))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let timeout = ms(300);
+    let pod_a = Lease::with_holder(Redis::new(silent).with_timeout(timeout), "pod-a");
+    let start = Instant::now();
+    let result = pod_a.try_acquire(&unique("redis-silent"), ms(10_000)).await;
+    let took = start.elapsed();
+    println!("silent server: try_acquire answered {result:?} after {took:?} (timeout {timeout:?})");
+    assert!(result.is_err());
+    assert!(
+        took < timeout + SLACK,
+        "the call must end within its timeout, took {took:?}"
+    );
+    let outcome = pod_a
+        .with_lease(&unique("redis-silent"), ms(10_000), |_| async {
+            panic!("must not run")
+        })
+        .await;
+    assert!(
+        matches!(outcome, Outcome::Skipped(Skip::Error(_))),
+        "{outcome:?}"
+    );
+
+    // With the default timeout, the documented bound is 5 s.
+    let silent = deadpool_redis::Config::from_url(format!("redis://{addr}"))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let pod_a = Lease::with_holder(Redis::new(silent), "pod-a");
+    let start = Instant::now();
+    let result = pod_a.try_acquire(&unique("redis-silent"), ms(60_000)).await;
+    let took = start.elapsed();
+    println!("silent server, default timeout: try_acquire answered {result:?} after {took:?}");
+    assert!(result.is_err());
+    assert!(took < Redis::DEFAULT_TIMEOUT + SLACK, "took {took:?}");
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fences_increase_and_survive_reacquire() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_a_again = Lease::with_holder(backend.clone(), "pod-a");
+    let pod_b = Lease::with_holder(backend.clone(), "pod-b");
+    let name = unique("redis-fence");
+    let ttl = ms(2000);
+
+    let mut last = 0;
+    for round in 0..3 {
+        let guard = pod_a
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .expect("free");
+        let fence = guard.fencing_token().expect("a fence");
+        assert!(fence > last, "round {round}: {fence} after {last}");
+        // An idempotent re-acquire by the same holder keeps the fence.
+        let again = pod_a_again
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .expect("same holder");
+        assert_eq!(again.fencing_token(), Some(fence), "round {round}");
+        // Either guard's release frees the name (they are the same holder).
+        again.release().await.expect("release");
+        guard.release().await.expect("release");
+
+        let outcome = pod_b
+            .with_lease(&name, ttl, |token| async move { token.is_cancelled() })
+            .await;
+        assert!(
+            matches!(outcome, Outcome::Ran(false)),
+            "round {round}: {outcome:?}"
+        );
+        let guard_b = pod_b
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .expect("free");
+        let fence_b = guard_b.fencing_token().expect("a fence");
+        // pod-b's with_lease took fence + 1, this acquisition fence + 2.
+        assert_eq!(fence_b, fence + 2, "round {round}");
+        guard_b.release().await.expect("release");
+        last = fence_b;
+    }
+    // Release deletes the lock, never the counter.
+    let mut conn = pool.get().await.expect("connection");
+    let counter: Option<u64> = conn.get(backend.fence_key(&name)).await.expect("GET");
+    assert_eq!(counter, Some(last));
+}
