@@ -127,9 +127,11 @@
 //!   protects; released by [`release`](LeaseGuard::release) or on drop.
 //! - [`set_global_default`] installs the `Lease` that `#[singleton]` fns use
 //!   without `lease = ...`.
-//! - [`backend`] has the stores: [`Memory`](backend::Memory) for tests, and
-//!   tables in SQLite, PostgreSQL and MySQL behind the features `sqlite`,
-//!   `postgres` and `mysql`. Implement [`Backend`] for another one.
+//! - [`backend`] has the stores: [`Memory`](backend::Memory) for tests;
+//!   tables in SQLite, PostgreSQL and MySQL/MariaDB behind the features
+//!   `sqlite`, `postgres` and `mysql`; PostgreSQL advisory locks (`postgres`)
+//!   and Redis (`redis`). Its module docs compare their guarantees.
+//!   Implement [`Backend`] for another one.
 //! - [`Error`] is the one error type; invalid input (a name over 255 bytes, a
 //!   ttl outside [`MIN_TTL`]..=[`MAX_TTL`]) has variants of its own.
 //!
@@ -155,7 +157,10 @@
 //! # Features
 //!
 //! - `macros` (default): [`#[singleton]`](singleton).
-//! - `sqlite`, `postgres`, `mysql`: the table backends.
+//! - `sqlite`, `postgres`, `mysql`: the table backends (`SqliteTable`,
+//!   `PgTable`, `MySqlTable`) on [`sqlx`] (re-exported); `postgres` also
+//!   brings `PgAdvisory`.
+//! - `redis`: `Redis`, on [`deadpool_redis`] (re-exported).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
