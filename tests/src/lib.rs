@@ -1,7 +1,7 @@
 //! Shared helpers for the integration tests: connecting to the test servers,
 //! unique lease names, throw-away SQLite files and a slow TCP proxy.
 //!
-//! Tests that need a server call [`postgres`], [`mysql`] or [`redis`] first
+//! Tests that need a server call [`postgres`], [`mysql`] or [`redis()`] first
 //! and return early on `None`:
 //!
 //! ```no_run
@@ -132,7 +132,7 @@ pub async fn redis() -> Option<deadpool_redis::Pool> {
     redis_with(|builder| builder).await
 }
 
-/// Like [`redis`], letting the caller adjust the pool (size, hooks).
+/// Like [`redis()`], letting the caller adjust the pool (size, hooks).
 ///
 /// # Panics
 ///
