@@ -27,8 +27,12 @@ use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, Skip, valida
 /// cannot be acquired a second time at once: the second call is skipped as
 /// held elsewhere, so the same process never runs a job twice concurrently.
 ///
-/// A `Lease` needs a [Tokio](https://tokio.rs) runtime: renewals run on a
-/// task spawned on the runtime of the first acquisition.
+/// A `Lease` needs a [Tokio](https://tokio.rs) runtime (with its time
+/// driver): renewals run on one task, spawned on the runtime of the
+/// acquisition that finds no lease held. If that runtime shuts down while
+/// leases are still held, nothing renews them any more, so their tokens are
+/// cancelled at once; with several runtimes in one process (say, one per
+/// test), give each its own `Lease`.
 ///
 /// # Examples
 ///
