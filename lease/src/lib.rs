@@ -158,9 +158,9 @@
 //!
 //! - `macros` (default): [`#[singleton]`](singleton).
 //! - `sqlite`, `postgres`, `mysql`: the table backends (`SqliteTable`,
-//!   `PgTable`, `MySqlTable`) on [`sqlx`] (re-exported); `postgres` also
+//!   `PgTable`, `MySqlTable`) on `sqlx` (re-exported); `postgres` also
 //!   brings `PgAdvisory`.
-//! - `redis`: `Redis`, on [`deadpool_redis`] (re-exported).
+//! - `redis`: `Redis`, on `deadpool_redis` (re-exported).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
