@@ -21,6 +21,10 @@
 //! | MySQL / MariaDB | `LEASE_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` |
 //! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
+
+pub mod proxy;
+pub mod servers;
+
 use std::fmt::Display;
 use std::hash::{BuildHasher, RandomState};
 use std::path::{Path, PathBuf};
