@@ -1,5 +1,9 @@
 //! Shared helpers for the integration tests: connecting to the test servers,
-//! unique lease names, throw-away SQLite files and a slow TCP proxy.
+//! unique lease names, throw-away SQLite files and a slow TCP proxy; and the
+//! fault-injection suite with what it is built from: private servers that a
+//! test may crash ([`servers`]), a fault-injecting TCP proxy ([`proxy`]) and
+//! the suite itself ([`faults`], run by the `fault-suite` binary and by
+//! `tests/faults.rs`).
 //!
 //! Tests that need a server call [`postgres`], [`mysql`] or [`redis()`] first
 //! and return early on `None`:
@@ -21,7 +25,7 @@
 //! | MySQL / MariaDB | `LEASE_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` |
 //! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
-
+pub mod faults;
 pub mod proxy;
 pub mod servers;
 

@@ -1,0 +1,109 @@
+//! The fault-injection suite of `lease` (see `docs/RELIABILITY.md`).
+//!
+//! ```text
+//! fault-suite [--full] [--injections N] [--ttl-ms N] [--slack-ms N]
+//!             [--backend pg-table|mysql-table|pg-advisory|redis]...
+//!             [--fault kill|stop|conn-kill|steal|latency|black-hole|reset|restart|restart-no-persistence]...
+//!             [--keep-tables] [--write docs/RELIABILITY.md]
+//! fault-suite worker ...   (a contender; started by the suite itself)
+//! ```
+//!
+//! Without `--full` it is the short run that CI does (one injection per
+//! backend × fault). `--write` replaces the generated part of a Markdown file
+//! with the report. The exit code is 1 when a required property did not
+//! hold, 2 on a usage error, 3 when the run could not be done.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lease_tests::faults::{self, BackendKind, Config, Fault};
+
+/// The command that regenerates `docs/RELIABILITY.md`.
+const COMMAND: &str =
+    "cargo run -p lease-tests --release --bin fault-suite -- --full --write docs/RELIABILITY.md";
+
+fn usage(e: &str) -> std::process::ExitCode {
+    eprintln!("fault-suite: {e}\n(see the doc comment of tests/src/bin/fault-suite.rs)");
+    std::process::ExitCode::from(2)
+}
+
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("worker") {
+        let code = faults::worker::main(&args[1..]);
+        return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return usage(&format!("cannot find my own binary: {e}")),
+    };
+    let mut config = Config::short(exe);
+    let (mut backends, mut fault_list) = (Vec::new(), Vec::new());
+    let mut write = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
+        let parsed: Result<(), String> = (|| {
+            match arg.as_str() {
+                "--full" => {
+                    config.injections = Config::full(PathBuf::new()).injections;
+                }
+                "--injections" => {
+                    config.injections = value()?.parse().map_err(|e| format!("{e}"))?
+                }
+                "--ttl-ms" => {
+                    config.ttl =
+                        Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?);
+                }
+                "--slack-ms" => {
+                    config.slack =
+                        Duration::from_millis(value()?.parse().map_err(|e| format!("{e}"))?);
+                }
+                "--backend" => backends.push(BackendKind::from_str(&value()?)?),
+                "--fault" => fault_list.push(Fault::from_str(&value()?)?),
+                "--keep-tables" => config.keep_tables = true,
+                "--write" => write = Some(PathBuf::from(value()?)),
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+            Ok(())
+        })();
+        if let Err(e) = parsed {
+            return usage(&e);
+        }
+    }
+    if !backends.is_empty() {
+        config.backends = backends;
+    }
+    if !fault_list.is_empty() {
+        config.faults = fault_list;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return usage(&format!("runtime: {e}")),
+    };
+    let report = match runtime.block_on(faults::run(&config)) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("fault-suite: {e}");
+            return std::process::ExitCode::from(3);
+        }
+    };
+    println!("\n{}", report.markdown());
+    if let Some(path) = write {
+        if let Err(e) = report.write_into(&path, COMMAND) {
+            eprintln!("fault-suite: writing {}: {e}", path.display());
+            return std::process::ExitCode::from(3);
+        }
+        println!("written to {}", path.display());
+    }
+    if report.failures().is_empty() {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::from(1)
+    }
+}

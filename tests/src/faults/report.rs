@@ -1,0 +1,331 @@
+//! The report of a run: the table of `docs/RELIABILITY.md`.
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::time::Duration;
+
+use super::{BackendKind, Config, Fault, ScenarioResult};
+
+/// Start and end markers of the generated part of `docs/RELIABILITY.md`.
+pub const MARKERS: (&str, &str) = ("<!-- fault-suite:begin -->", "<!-- fault-suite:end -->");
+
+/// Where and when a run was measured.
+#[derive(Debug, Clone, Default)]
+pub struct Environment {
+    /// UTC date and time of the run.
+    pub date: String,
+    /// `uname -a`.
+    pub uname: String,
+    /// CPUs available to the run.
+    pub cpus: usize,
+    /// The CPU model.
+    pub cpu_model: String,
+    /// The private servers' versions.
+    pub servers: Vec<String>,
+}
+
+impl Environment {
+    /// Look at this machine.
+    pub async fn probe() -> Self {
+        let output = |program: &str, args: &[&str]| {
+            std::process::Command::new(program)
+                .args(args)
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("model name"))
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+            .unwrap_or_default();
+        Self {
+            date: output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+            uname: output("uname", &["-a"]),
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            cpu_model,
+            servers: Vec::new(),
+        }
+    }
+}
+
+/// Everything a run measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// What was run.
+    pub config: Config,
+    /// Where and when.
+    pub environment: Environment,
+    /// One result per backend × fault.
+    pub results: Vec<ScenarioResult>,
+    /// The checker's server and tables.
+    pub checker: String,
+    /// How long the run took.
+    pub elapsed: Duration,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{}", d.as_millis())
+}
+
+fn max(ds: impl IntoIterator<Item = Duration>) -> Option<Duration> {
+    ds.into_iter().max()
+}
+
+fn median(mut ds: Vec<Duration>) -> Option<Duration> {
+    ds.sort();
+    ds.get(ds.len() / 2).copied()
+}
+
+impl Report {
+    /// Every required property that did not hold, as `backend/fault: what`.
+    pub fn failures(&self) -> Vec<String> {
+        self.results
+            .iter()
+            .flat_map(|r| {
+                r.failures
+                    .iter()
+                    .map(move |f| format!("{}/{}: {f}", r.backend.as_str(), r.fault.as_str()))
+            })
+            .collect()
+    }
+
+    /// The report as Markdown: how it was measured, the table, the failures.
+    pub fn markdown(&self) -> String {
+        let c = &self.config;
+        let e = &self.environment;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Measured {} on `{}` ({} CPUs, {}); servers: {}; checker: {}.",
+            e.date,
+            e.uname,
+            e.cpus,
+            if e.cpu_model.is_empty() {
+                "unknown CPU"
+            } else {
+                &e.cpu_model
+            },
+            e.servers.join(", "),
+            self.checker
+        );
+        let _ = writeln!(
+            s,
+            "\nttl {} ms, {} contender processes per scenario, {} injection(s) per backend × fault, \
+             timing slack {} ms; the run took {:.0} s.\n",
+            c.ttl.as_millis(),
+            c.workers,
+            c.injections,
+            c.slack.as_millis(),
+            self.elapsed.as_secs_f64()
+        );
+        let _ = writeln!(
+            s,
+            "| backend | fault | injections landed (missed) | critical sections completed (all) \
+             | overlaps between valid holders (longest, ms) | stale-fence writes accepted \
+             | takeover after the fault, ms: median / max (bound) \
+             | fault → holder's token cancelled, ms: max (bound) | woken holder (SIGSTOP) | result |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+        for r in &self.results {
+            let _ = writeln!(s, "{}", self.row(r));
+        }
+        let failures = self.failures();
+        if failures.is_empty() {
+            let _ = writeln!(s, "\nEvery required property held.");
+        } else {
+            let _ = writeln!(s, "\nRequired properties that did **not** hold:\n");
+            for f in failures {
+                let _ = writeln!(s, "- {f}");
+            }
+        }
+        let notes: Vec<String> = self
+            .results
+            .iter()
+            .filter(|r| r.fence_reissues > 0 || r.valid_rejected > 0 || !r.downtimes.is_empty())
+            .map(|r| {
+                let mut parts = Vec::new();
+                if !r.downtimes.is_empty() {
+                    parts.push(format!(
+                        "server down {} ms (max)",
+                        max(r.downtimes.clone()).map_or_else(String::new, ms)
+                    ));
+                }
+                if r.fence_reissues > 0 {
+                    parts.push(format!(
+                        "{} acquisitions got a fence not above an earlier holder's",
+                        r.fence_reissues
+                    ));
+                }
+                if r.valid_rejected > 0 {
+                    parts.push(format!(
+                        "{} writes rejected although the writer believed its lease valid",
+                        r.valid_rejected
+                    ));
+                }
+                format!(
+                    "- {}/{}: {}",
+                    r.backend.as_str(),
+                    r.fault.as_str(),
+                    parts.join("; ")
+                )
+            })
+            .collect();
+        if !notes.is_empty() {
+            let _ = writeln!(s, "\nAlso measured:\n");
+            for n in notes {
+                let _ = writeln!(s, "{n}");
+            }
+        }
+        s
+    }
+
+    fn row(&self, r: &ScenarioResult) -> String {
+        let c = &self.config;
+        let revocation = r.revocation();
+        let overlaps = if r.overlaps == 0 {
+            "0".to_owned()
+        } else {
+            format!("{} ({})", r.overlaps, ms(r.max_overlap))
+        };
+        let overlaps = if revocation && r.overlaps > 0 {
+            format!("{overlaps} — revocation")
+        } else {
+            overlaps
+        };
+        let stale = if r.backend.fenced() {
+            format!(
+                "{} (of {} accepted, {} rejected)",
+                r.stale_accepted, r.writes.0, r.writes.1
+            )
+        } else {
+            "n/a — no fencing token".to_owned()
+        };
+        let takeover = if r.fault == Fault::Stop && r.backend == BackendKind::PgAdvisory {
+            format!(
+                "taken during the pause {}/{} (the stopped session keeps the lock); \
+                 {} ms after the stop (max), once the woken holder released",
+                r.taken_during_pause,
+                r.wakes.len(),
+                max(r.takeovers.clone()).map_or_else(|| "—".to_owned(), ms)
+            )
+        } else if r.takeovers.is_empty() {
+            "—".to_owned()
+        } else {
+            let bound = match r.fault {
+                Fault::Kill | Fault::Stop => format!(" (≤ {})", ms(c.takeover_bound(r.backend))),
+                _ => String::new(),
+            };
+            format!(
+                "{} / {}{bound}",
+                median(r.takeovers.clone()).map_or_else(String::new, ms),
+                max(r.takeovers.clone()).map_or_else(String::new, ms)
+            )
+        };
+        let cancel = if r.cancels.is_empty() {
+            "—".to_owned()
+        } else {
+            let cancelled: Vec<Duration> = r.cancels.iter().flatten().copied().collect();
+            let kept = r.cancels.len() - cancelled.len();
+            let bound = match r.fault {
+                Fault::BlackHole => format!(" (≤ {})", ms(c.deadline_bound())),
+                Fault::RestartNoPersistence => String::new(),
+                f if f.revokes(r.backend) => format!(" (≤ {})", ms(c.cancel_bound())),
+                _ => String::new(),
+            };
+            match (cancelled.is_empty(), kept) {
+                (true, _) => format!("not cancelled: lease kept {kept}/{}", r.cancels.len()),
+                (false, 0) => format!("{}{bound}", max(cancelled).map_or_else(String::new, ms)),
+                (false, k) => format!(
+                    "{}{bound}; kept {k}/{}",
+                    max(cancelled).map_or_else(String::new, ms),
+                    r.cancels.len()
+                ),
+            }
+        };
+        let woken = if r.wakes.is_empty() {
+            "—".to_owned()
+        } else {
+            let n = r.wakes.len();
+            let invalid = r.wakes.iter().filter(|w| !w.valid).count();
+            let at_once = r.wakes.iter().filter(|w| w.cancelled_at_once).count();
+            let cancel = r.wakes.iter().filter_map(|w| w.cancel_after).max();
+            let rejected = r
+                .wakes
+                .iter()
+                .filter(|w| w.write_accepted == Some(false))
+                .count();
+            let fence = if r.backend.fenced() {
+                format!(", old-fence write rejected {rejected}/{n}")
+            } else {
+                ", no fence to write with".to_owned()
+            };
+            format!(
+                "is_valid() false {invalid}/{n}; token cancelled ≤ {} ms after waking \
+                 (already at once {at_once}/{n}){fence}",
+                cancel.map_or_else(|| "?".to_owned(), ms)
+            )
+        };
+        let result = if !r.failures.is_empty() {
+            "**FAIL**"
+        } else if r.fault == Fault::RestartNoPersistence {
+            "not required (no persistence)"
+        } else if revocation {
+            "pass (revocation: bounded)"
+        } else {
+            "pass"
+        };
+        format!(
+            "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} |",
+            r.backend.type_name(),
+            r.fault.as_str(),
+            r.hits,
+            r.misses,
+            r.completed,
+            r.sections,
+            overlaps,
+            stale,
+            takeover,
+            cancel,
+            woken,
+            result
+        )
+    }
+
+    /// Replace the generated part of the Markdown file at `path` (between
+    /// [`MARKERS`]) with this report, keeping the rest; a file without the
+    /// markers gets them appended.
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be read or written.
+    pub fn write_into(&self, path: &Path, command: &str) -> std::io::Result<()> {
+        let old = match std::fs::read_to_string(path) {
+            Ok(s) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(e) => return Err(e),
+        };
+        let block = format!(
+            "{}\n<!-- generated by `{command}`; do not edit by hand -->\n\n{}\n{}",
+            MARKERS.0,
+            self.markdown(),
+            MARKERS.1
+        );
+        let new = match (old.find(MARKERS.0), old.find(MARKERS.1)) {
+            (Some(a), Some(b)) if a < b => {
+                format!("{}{block}{}", &old[..a], &old[b + MARKERS.1.len()..])
+            }
+            _ => format!("{old}\n{block}\n"),
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(path, new)
+    }
+}
