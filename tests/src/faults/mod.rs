@@ -59,6 +59,14 @@ pub fn now_us() -> i64 {
     i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// A number in `[0, 1)`, different on every call.
+fn fraction() -> f64 {
+    use std::hash::{BuildHasher, RandomState};
+    let bits = RandomState::new().hash_one(now_us()) >> 11;
+    // 53 random bits: exact in an f64.
+    bits as f64 / (1u64 << 53) as f64
+}
+
 fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
@@ -363,6 +371,9 @@ pub struct ScenarioResult {
     pub wakes: Vec<Wake>,
     /// Pauses (SIGSTOP) during which another contender acquired the lease.
     pub taken_during_pause: usize,
+    /// Pauses of 0.6 to 1.4 ttl (around the local deadline): only the
+    /// overlap count and, if the holder noticed, its wake-up are checked.
+    pub short_pauses: usize,
     /// Server downtime per restart.
     pub downtimes: Vec<Duration>,
     /// Required properties that did not hold.
@@ -379,6 +390,8 @@ impl ScenarioResult {
 /// What a holder saw when it woke up from a pause longer than its ttl.
 #[derive(Debug, Clone, Copy)]
 pub struct Wake {
+    /// After a pause of 2.5 ttl (else 0.6 to 1.4 ttl).
+    pub long: bool,
     /// `is_valid()` at once: must be false.
     pub valid: bool,
     /// The token was already cancelled at once (before the engine's task ran).
@@ -767,6 +780,10 @@ impl<'a> Scenario<'a> {
         self.wait_holder().await?;
         for k in 0..self.config.injections {
             events.push(self.inject(k).await?);
+            // Let the victim's section end by its own length again.
+            for worker in &mut self.workers {
+                worker.send("hold 0").await;
+            }
             if let Some(w) = self.workers.iter().find(|w| w.seen().exited) {
                 return Err(format!(
                     "contender {} exited on its own (see its stderr)",
@@ -805,14 +822,28 @@ impl<'a> Scenario<'a> {
                 let pid = self.workers[slot].child.id().ok_or("victim gone")?;
                 let wakes = self.workers[slot].seen().wakes;
                 event.victim = Some(self.workers[slot].holder.clone());
+                // Even injections: 2.5 ttl, so that the lease has surely
+                // expired and been taken over. Odd ones: 0.6 to 1.4 ttl, around
+                // the holder's local deadline.
+                let pause = if k.is_multiple_of(2) {
+                    ttl * 5 / 2
+                } else {
+                    ttl.mul_f64(0.6 + 0.8 * fraction())
+                };
                 event.t = now_us();
                 signal(pid, "STOP");
-                tokio::time::sleep(ttl * 5 / 2).await;
+                tokio::time::sleep(pause).await;
                 signal(pid, "CONT");
                 event.t_lifted = Some(now_us());
                 let limit = Instant::now() + Duration::from_secs(5);
-                while Instant::now() < limit && self.workers[slot].seen().wakes == wakes {
+                while pause > ttl
+                    && Instant::now() < limit
+                    && self.workers[slot].seen().wakes == wakes
+                {
                     tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                if pause <= ttl {
+                    tokio::time::sleep(ttl).await;
                 }
             }
             Fault::ConnKill => {
@@ -1094,6 +1125,7 @@ fn analyse(
         wakes: Vec::new(),
         downtimes: events.iter().filter_map(|e| e.downtime).collect(),
         taken_during_pause: 0,
+        short_pauses: 0,
         failures: Vec::new(),
     };
 
@@ -1160,17 +1192,23 @@ fn analyse(
     }
 
     // Per injection.
-    for e in events {
+    for (i, e) in events.iter().enumerate() {
         let Some(victim) = e.victim.as_deref() else {
             continue;
         };
+        // What happened after this injection and before the next one is its doing.
+        let next = events.get(i + 1).map_or(i64::MAX, |n| n.t);
+        let ours = |t: i64| e.t <= t && t < next;
         let Some(section) = section_at(sections, victim, e.t) else {
             r.misses += 1;
             continue;
         };
+        // A pause longer than 2 ttl: the lease has surely been taken over.
+        let long_pause = e.t_lifted.is_some_and(|l| l - e.t > 2 * us(ttl));
+        let woke = section.wake_t.filter(|&t| ours(t));
         let hit = match fault {
             Fault::Kill => section.t_end.is_none(),
-            Fault::Stop => section.wake_t.is_some(),
+            Fault::Stop if long_pause => woke.is_some(),
             _ => true,
         };
         if !hit {
@@ -1180,13 +1218,13 @@ fn analyse(
         r.hits += 1;
         let takeover = sections
             .iter()
-            .filter(|s| s.holder != victim && s.t_start > e.t)
+            .filter(|s| s.holder != victim && ours(s.t_start))
             .map(|s| s.t_start - e.t)
             .min();
         if let Some(t) = takeover {
             r.takeovers.push(dur(t));
         }
-        let cancel = section.t_cancel.filter(|&c| c >= e.t).map(|c| dur(c - e.t));
+        let cancel = section.t_cancel.filter(|&c| ours(c)).map(|c| dur(c - e.t));
         match fault {
             Fault::Kill => match takeover {
                 Some(t) if dur(t) <= config.takeover_bound(backend) => {}
@@ -1198,23 +1236,32 @@ fn analyse(
                 None => r.failures.push("nobody took over after SIGKILL".to_owned()),
             },
             Fault::Stop => {
-                let valid = section.wake_valid.unwrap_or(true);
-                let cancel_after = section.wake_cancel_us.map(dur);
-                r.wakes.push(Wake {
-                    valid,
-                    cancelled_at_once: section.wake_cancelled_now.unwrap_or(false),
-                    cancel_after,
-                    write_accepted: section.wake_write_accepted,
-                });
-                if valid {
-                    r.failures
-                        .push("the woken holder's is_valid() was true".to_owned());
+                // Woken after a gap longer than the ttl (every long pause, and
+                // the short ones that exceeded the ttl).
+                if woke.is_some() {
+                    let valid = section.wake_valid.unwrap_or(true);
+                    let cancel_after = section.wake_cancel_us.map(dur);
+                    r.wakes.push(Wake {
+                        long: long_pause,
+                        valid,
+                        cancelled_at_once: section.wake_cancelled_now.unwrap_or(false),
+                        cancel_after,
+                        write_accepted: section.wake_write_accepted,
+                    });
+                    if valid {
+                        r.failures
+                            .push("the woken holder's is_valid() was true".to_owned());
+                    }
+                    if cancel_after.is_none_or(|c| c > config.slack) {
+                        r.failures.push(format!(
+                            "the woken holder's token was not cancelled within {:?} ({cancel_after:?})",
+                            config.slack
+                        ));
+                    }
                 }
-                if cancel_after.is_none_or(|c| c > config.slack) {
-                    r.failures.push(format!(
-                        "the woken holder's token was not cancelled within {:?} ({cancel_after:?})",
-                        config.slack
-                    ));
+                if !long_pause {
+                    r.short_pauses += 1;
+                    continue;
                 }
                 if section.wake_write_accepted == Some(true) {
                     r.failures.push(

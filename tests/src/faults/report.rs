@@ -254,20 +254,26 @@ impl Report {
             let invalid = r.wakes.iter().filter(|w| !w.valid).count();
             let at_once = r.wakes.iter().filter(|w| w.cancelled_at_once).count();
             let cancel = r.wakes.iter().filter_map(|w| w.cancel_after).max();
+            let long = r.wakes.iter().filter(|w| w.long).count();
             let rejected = r
                 .wakes
                 .iter()
-                .filter(|w| w.write_accepted == Some(false))
+                .filter(|w| w.long && w.write_accepted == Some(false))
                 .count();
             let fence = if r.backend.fenced() {
-                format!(", old-fence write rejected {rejected}/{n}")
+                format!(", old-fence write rejected {rejected}/{long} (after 2.5 ttl)")
             } else {
                 ", no fence to write with".to_owned()
             };
             format!(
                 "is_valid() false {invalid}/{n}; token cancelled ≤ {} ms after waking \
-                 (already at once {at_once}/{n}){fence}",
-                cancel.map_or_else(|| "?".to_owned(), ms)
+                 (already at once {at_once}/{n}){fence}{}",
+                cancel.map_or_else(|| "?".to_owned(), ms),
+                if r.short_pauses > 0 {
+                    format!("; {} pauses of 0.6–1.4 ttl", r.short_pauses)
+                } else {
+                    String::new()
+                }
             )
         };
         let result = if !r.failures.is_empty() {

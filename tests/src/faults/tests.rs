@@ -215,6 +215,10 @@ fn a_woken_holder_that_still_believes_is_a_failure() {
     let sections = [s, section("b", 2, 1200, Some(1500))];
     let mut event = kill_event("a", 50);
     event.t_lifted = Some(2_600_000);
+    assert!(
+        event.t_lifted.unwrap() - event.t > 2_000_000,
+        "a long pause"
+    );
     let r = run(Fault::Stop, &[], &[event], &sections, &[]);
     assert_eq!(r.hits, 1);
     let all = r.failures.join("; ");
@@ -240,4 +244,16 @@ fn a_slow_takeover_after_a_kill_is_a_failure() {
         "{:?}",
         r.failures
     );
+}
+
+#[test]
+fn a_cancellation_belongs_to_the_injection_just_before_it() {
+    // One section that lived through two injections: the lease survived the
+    // first (at 100 ms) and was lost 900 ms after the second (at 3000 ms).
+    let mut s = section("a", 1, 0, Some(3800));
+    s.t_cancel = Some(3_900_000);
+    let events = [kill_event("a", 100), kill_event("a", 3000)];
+    let r = run(Fault::Restart, &[], &events, &[s], &[]);
+    assert_eq!(r.hits, 2);
+    assert_eq!(r.cancels, vec![None, Some(Duration::from_millis(900))]);
 }
