@@ -47,6 +47,15 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 ///   soon as the session ends (for example `pg_terminate_backend`), the lock
 ///   is free for the next `try_acquire`; the old holder's next heartbeat fails
 ///   and cancels its token, within `ttl/3` plus one round trip.
+///   **Until then both believe they hold the lease**: when the session ends
+///   while its process lives on — the connection is killed or reset, the
+///   server restarts — a new holder may take the lock at once while the old
+///   one's token is not yet cancelled and its `is_valid()` is still true,
+///   for up to `ttl/3` plus a round trip, and there is no fencing token to
+///   stop the old holder's writes. That is the price of the fast takeover
+///   (the table backends make the next holder wait for the expiry instead);
+///   the fault suite measures it (`docs/RELIABILITY.md`). Use `PgTable` when
+///   two holders must never overlap.
 /// - **No fencing token**: [`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)
 ///   is always `None`. Use a table backend (`PgTable`) if the protected
 ///   resource needs one.
