@@ -4,7 +4,7 @@
 //! fault-suite [--full] [--injections N] [--ttl-ms N] [--slack-ms N]
 //!             [--backend pg-table|mysql-table|pg-advisory|redis]...
 //!             [--fault kill|stop|conn-kill|steal|latency|black-hole|reset|restart|restart-no-persistence]...
-//!             [--keep-tables] [--write docs/RELIABILITY.md]
+//!             [--no-pool-ping] [--keep-tables] [--write docs/RELIABILITY.md]
 //! fault-suite worker ...   (a contender; started by the suite itself)
 //! ```
 //!
@@ -63,6 +63,7 @@ fn main() -> std::process::ExitCode {
                 "--backend" => backends.push(BackendKind::from_str(&value()?)?),
                 "--fault" => fault_list.push(Fault::from_str(&value()?)?),
                 "--keep-tables" => config.keep_tables = true,
+                "--no-pool-ping" => config.pool_ping = false,
                 "--write" => write = Some(PathBuf::from(value()?)),
                 other => return Err(format!("unknown argument {other:?}")),
             }

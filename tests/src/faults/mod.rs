@@ -250,6 +250,9 @@ pub struct Config {
     pub keep_tables: bool,
     /// Print a line per scenario while running.
     pub progress: bool,
+    /// The contenders' sqlx pools ping a connection before handing it out
+    /// (`test_before_acquire`, sqlx's default): a second round trip per call.
+    pub pool_ping: bool,
 }
 
 impl Config {
@@ -266,6 +269,7 @@ impl Config {
             checker_url: crate::postgres_url(),
             keep_tables: false,
             progress: true,
+            pool_ping: true,
         }
     }
 
@@ -361,8 +365,9 @@ pub struct ScenarioResult {
     pub valid_rejected: usize,
     /// Acquisitions whose fence was not larger than an earlier holder's.
     pub fence_reissues: usize,
-    /// Time from each landed injection to the next holder's acquisition
-    /// (kill, stop: during the pause; others: informational).
+    /// Time from each landed injection that cost the victim its lease to the
+    /// next holder's acquisition (kill, stop of 2.5 ttl, and every fault after
+    /// which the victim's token was cancelled).
     pub takeovers: Vec<Duration>,
     /// Time from each landed injection to the victim's token being
     /// cancelled; `None` where it was not (the lease was kept).
@@ -682,6 +687,7 @@ impl<'a> Scenario<'a> {
             &self.key,
             (ttl / 4, ttl * 2),
             Duration::from_secs(600),
+            self.config.pool_ping,
         );
         let mut child = Command::new(&self.config.worker_exe)
             .arg("worker")
@@ -1221,10 +1227,18 @@ fn analyse(
             .filter(|s| s.holder != victim && ours(s.t_start))
             .map(|s| s.t_start - e.t)
             .min();
-        if let Some(t) = takeover {
+        let cancel = section.t_cancel.filter(|&c| ours(c)).map(|c| dur(c - e.t));
+        // A takeover is reported where the victim lost its lease to the
+        // fault: killed, paused past its lease, or its token cancelled
+        // (otherwise the next acquisition merely follows its release).
+        let lost = match fault {
+            Fault::Kill => true,
+            Fault::Stop => long_pause,
+            _ => cancel.is_some(),
+        };
+        if let Some(t) = takeover.filter(|_| lost) {
             r.takeovers.push(dur(t));
         }
-        let cancel = section.t_cancel.filter(|&c| ours(c)).map(|c| dur(c - e.t));
         match fault {
             Fault::Kill => match takeover {
                 Some(t) if dur(t) <= config.takeover_bound(backend) => {}

@@ -116,11 +116,12 @@ impl Report {
         let _ = writeln!(
             s,
             "\nttl {} ms, {} contender processes per scenario, {} injection(s) per backend × fault, \
-             timing slack {} ms; the run took {:.0} s.\n",
+             timing slack {} ms, sqlx pools with test_before_acquire({}); the run took {:.0} s.\n",
             c.ttl.as_millis(),
             c.workers,
             c.injections,
             c.slack.as_millis(),
+            c.pool_ping,
             self.elapsed.as_secs_f64()
         );
         let _ = writeln!(
@@ -207,10 +208,10 @@ impl Report {
         };
         let takeover = if r.fault == Fault::Stop && r.backend == BackendKind::PgAdvisory {
             format!(
-                "taken during the pause {}/{} (the stopped session keeps the lock); \
+                "taken during the pause {}/{} pauses of 2.5 ttl (the stopped session keeps the lock); \
                  {} ms after the stop (max), once the woken holder released",
                 r.taken_during_pause,
-                r.wakes.len(),
+                (r.hits as usize).saturating_sub(r.short_pauses),
                 max(r.takeovers.clone()).map_or_else(|| "—".to_owned(), ms)
             )
         } else if r.takeovers.is_empty() {

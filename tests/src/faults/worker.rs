@@ -45,6 +45,7 @@ struct Args {
     section_min: Duration,
     section_max: Duration,
     run_for: Duration,
+    pool_ping: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -72,6 +73,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         section_min: ms("--section-min-ms")?,
         section_max: ms("--section-max-ms")?,
         run_for: ms("--run-for-ms")?,
+        pool_ping: get("--pool-ping")? == "1",
     })
 }
 
@@ -88,6 +90,7 @@ pub(crate) fn command_line(
     key: &str,
     section: (Duration, Duration),
     run_for: Duration,
+    pool_ping: bool,
 ) -> Vec<String> {
     let ms = |d: Duration| d.as_millis().to_string();
     [
@@ -102,6 +105,7 @@ pub(crate) fn command_line(
         ("--section-min-ms", ms(section.0)),
         ("--section-max-ms", ms(section.1)),
         ("--run-for-ms", ms(run_for)),
+        ("--pool-ping", u8::from(pool_ping).to_string()),
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_owned(), v])
@@ -170,6 +174,7 @@ async fn lease(args: &Args) -> Result<Lease, String> {
             let pool = PgPoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
+                .test_before_acquire(args.pool_ping)
                 .connect_lazy_with(options);
             if args.backend == BackendKind::PgTable {
                 Lease::with_holder(PgTable::new(pool), &args.holder)
@@ -181,6 +186,7 @@ async fn lease(args: &Args) -> Result<Lease, String> {
             let pool = sqlx::mysql::MySqlPoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(5))
+                .test_before_acquire(args.pool_ping)
                 .connect_lazy(&args.url)
                 .map_err(err)?;
             Lease::with_holder(MySqlTable::new(pool), &args.holder)
