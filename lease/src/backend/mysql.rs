@@ -126,6 +126,15 @@ const ATTEMPTS: u32 = 6;
 ///
 /// Cloning is cheap: a [`MySqlPool`] and reference-counted statements.
 ///
+/// **Round trips.** Each call checks a connection out of the pool, and by
+/// default sqlx pings an idle connection before handing it out
+/// (`test_before_acquire`): a renewal then costs two round trips, and it must
+/// answer within `ttl/3`. Build the pool with
+/// `MySqlPoolOptions::new().test_before_acquire(false)` to make it one; a
+/// connection found dead is then reported by the statement itself, and the
+/// engine retries the renewal on another connection. The fault suite
+/// (`docs/RELIABILITY.md`) measures the difference under added latency.
+///
 /// A call whose future is dropped (for example by a timeout) after its
 /// statement reached the server may still take effect: an acquisition the
 /// caller never learned of ends at its ttl, or is picked up by the same

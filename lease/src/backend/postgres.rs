@@ -86,6 +86,15 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///
 /// Cloning is cheap: a [`PgPool`] and reference-counted statements.
 ///
+/// **Round trips.** Each call checks a connection out of the pool, and by
+/// default sqlx pings an idle connection before handing it out
+/// (`test_before_acquire`): a renewal then costs two round trips, and it must
+/// answer within `ttl/3`. Build the pool with
+/// `PgPoolOptions::new().test_before_acquire(false)` to make it one; a
+/// connection found dead is then reported by the statement itself, and the
+/// engine retries the renewal on another connection. The fault suite
+/// (`docs/RELIABILITY.md`) measures the difference under added latency.
+///
 /// A call whose future is dropped (for example by a timeout) after its
 /// statement reached the server may still take effect: an acquisition the
 /// caller never learned of ends at its ttl, or is picked up by the same
