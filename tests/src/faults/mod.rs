@@ -6,7 +6,7 @@
 //! backend × fault ([`Fault`]), a *scenario*: `workers` contender processes
 //! (the `fault-suite` binary in its `worker` role, [`worker`]) loop
 //! acquire → critical section of random length → release on one lease name,
-//! each through its own [`FaultProxy`](crate::proxy::FaultProxy) to the
+//! each through its own [`FaultProxy`] to the
 //! server, while the nemesis injects the fault `injections` times. Every
 //! critical section and every write to the fenced resource is recorded in
 //! the checker (tables on the shared PostgreSQL, never faulted); the
