@@ -1,0 +1,382 @@
+//! Benchmarks of `lease` against real servers. Run
+//!
+//! ```text
+//! cargo run -p lease-bench --release -- --write docs/PERFORMANCE.md
+//! ```
+//!
+//! It measures, for every server backend and `SqliteTable`, each figure next
+//! to a baseline measured in the same run:
+//!
+//! 1. round trips per operation, counted by the servers (see [`servers`]);
+//! 2. the overhead of a `with_lease` cycle (and of `#[singleton]`) over the
+//!    same statements sent directly on the same pool;
+//! 3. 64 contenders on one name and on 64 names;
+//! 4. one process holding 1,000 and 10,000 leases: renewal requests per
+//!    `ttl/3` window (batched, and the unbatched default as the baseline),
+//!    CPU and memory.
+//!
+//! `--quick` runs a small version of everything in a few seconds (no
+//! PostgreSQL counts: those need a second to settle per reading).
+
+#![allow(clippy::print_stderr)]
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use lease::backend::{MySqlTable, PgAdvisory, Redis, SqliteTable};
+
+mod measure;
+mod servers;
+mod targets;
+
+use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
+use servers::Counter;
+use targets::Target;
+
+/// The error type of the benchmark.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What to run.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// A few seconds instead of a few minutes; PostgreSQL is not counted.
+    pub quick: bool,
+    /// Only these backends (labels as in the tables), if not empty.
+    pub only: Vec<String>,
+    /// The command line, for the report.
+    pub command: String,
+    /// Only these sections (`rt`, `overhead`, `contention`, `scale`), if not empty.
+    pub sections: Vec<String>,
+}
+
+/// Everything measured for one backend.
+#[derive(Default)]
+struct Results {
+    label: &'static str,
+    round_trips: Option<RoundTrips>,
+    overhead: Option<Overhead>,
+    contention: Vec<Contention>,
+    scale: Vec<Scale>,
+}
+
+/// Which counter a target's requests land in.
+#[derive(Clone, Copy)]
+enum Which {
+    Pg,
+    MySql,
+    Redis,
+    None,
+}
+
+/// Run the benchmark and return the report (Markdown).
+pub async fn run(options: &Options) -> Result<String, BoxError> {
+    let started = Instant::now();
+    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let uname = command_output("uname", &["-srvmo"]);
+    let load_before = load_average();
+
+    let (pg_pool, mut pg_counter, pg_version) = servers::postgres().await?;
+    let pg_table = servers::pg_table(&pg_pool).await?;
+    let (my_pool, mut my_counter, my_version, userstat_was_on) = servers::mysql().await?;
+    let my_table = MySqlTable::new(my_pool.clone());
+    my_table.ensure_schema().await?;
+    let (_redis_server, redis_pool, mut redis_counter, redis_version) = servers::redis().await?;
+    let sqlite_db = lease_tests::TempDb::new("lease-bench");
+    let sqlite = SqliteTable::open(sqlite_db.path()).await?;
+    let sqlite_version: String = sqlx::query_scalar("SELECT sqlite_version()")
+        .fetch_one(sqlite.pool())
+        .await?;
+    let mut no_counter = Counter::None;
+
+    let targets = [
+        (Target::Pg(pg_table), Which::Pg),
+        (Target::MySql(my_table), Which::MySql),
+        (Target::Sqlite(sqlite), Which::None),
+        (
+            Target::Redis(Redis::new(redis_pool.clone()), redis_pool),
+            Which::Redis,
+        ),
+        (
+            Target::PgAdvisory(PgAdvisory::new(pg_pool.clone()), pg_pool),
+            Which::Pg,
+        ),
+    ];
+    let run_id = format!("run{:x}", std::process::id());
+    let q = options.quick;
+    let mut all = Vec::new();
+    for (target, which) in &targets {
+        let label = target.label();
+        if !options.only.is_empty() && !options.only.iter().any(|o| o == label) {
+            continue;
+        }
+        let counter = match (which, q) {
+            (Which::Pg, false) => &mut pg_counter,
+            (Which::MySql, _) => &mut my_counter,
+            (Which::Redis, _) => &mut redis_counter,
+            _ => &mut no_counter,
+        };
+        let mut r = Results {
+            label,
+            ..Results::default()
+        };
+        let section = |s: &str| options.sections.is_empty() || options.sections.iter().any(|x| x == s);
+        if section("rt") {
+            eprintln!("== {label}: round trips");
+            r.round_trips = Some(
+                measure::round_trips(target, counter, if q { 3 } else { 10 }, &run_id).await?,
+            );
+        }
+        if section("overhead") {
+            eprintln!("== {label}: overhead");
+            r.overhead = Some(if q {
+                measure::overhead(target, 2, 20).await?
+            } else {
+                measure::overhead(target, 10, 300).await?
+            });
+        }
+        for one_name in [true, false] {
+            if !section("contention") {
+                break;
+            }
+            eprintln!("== {label}: contention (one name: {one_name})");
+            let d = Duration::from_millis(if q { 300 } else { 3000 });
+            r.contention
+                .push(measure::contention(target, counter, 64, one_name, d, &run_id).await?);
+        }
+        let ttl = Duration::from_millis(if q { 1200 } else { 30_000 });
+        let runs: Vec<(usize, bool)> = match (target, q) {
+            _ if !section("scale") => vec![],
+            // One connection per held lock: as many as the pool allows.
+            (Target::PgAdvisory(..), true) => vec![(8, true)],
+            (Target::PgAdvisory(..), false) => vec![(32, true)],
+            (_, true) => vec![(100, true), (100, false)],
+            (_, false) => vec![(1_000, true), (1_000, false), (10_000, true), (10_000, false)],
+        };
+        for (n, batched) in runs {
+            eprintln!("== {label}: scale ({n} leases, batched: {batched})");
+            let counter: &mut Counter = if q { &mut Counter::None } else { &mut *counter };
+            r.scale
+                .push(measure::scale(target, counter, n, batched, ttl, &run_id).await?);
+        }
+        all.push(r);
+    }
+    servers::mysql_restore(&my_counter, userstat_was_on).await;
+
+    let machine = Machine {
+        date,
+        uname,
+        cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        cpu_model: cpu_model(),
+        load_before,
+        load_after: load_average(),
+        versions: vec![
+            pg_version,
+            format!("MariaDB/MySQL {my_version}"),
+            redis_version,
+            format!("SQLite {sqlite_version} (bundled)"),
+        ],
+        took: started.elapsed(),
+    };
+    Ok(report(options, &machine, &all))
+}
+
+struct Machine {
+    date: String,
+    uname: String,
+    cpus: usize,
+    cpu_model: String,
+    load_before: String,
+    load_after: String,
+    versions: Vec<String>,
+    took: Duration,
+}
+
+fn command_output(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".to_owned())
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}", a.as_secs_f64() / b.as_secs_f64())
+}
+
+fn count(x: f64, counted: bool) -> String {
+    if !counted {
+        "—".to_owned()
+    } else if (x - x.round()).abs() < 0.005 {
+        format!("{}", x.round())
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn report(options: &Options, m: &Machine, all: &[Results]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "Generated by `{}`{}.\n", options.command, if options.quick { " (quick mode: small sizes, no PostgreSQL counts)" } else { "" });
+    let _ = writeln!(s, "- date: {}; the run took {:.0} s", m.date, m.took.as_secs_f64());
+    let _ = writeln!(s, "- machine: `{}`, {} CPUs ({})", m.uname, m.cpus, m.cpu_model);
+    let _ = writeln!(s, "- load average (1, 5, 15 min): {} before, {} after", m.load_before, m.load_after);
+    let _ = writeln!(s, "- servers: {}", m.versions.join(", "));
+    let _ = writeln!(s, "- pools: {} connections, `test_before_acquire(false)`\n", servers::POOL_SIZE);
+
+    let _ = writeln!(s, "### Round trips per operation (counted by the server)\n");
+    let _ = writeln!(s, "Steady state: rows exist, statements are prepared. PostgreSQL: `pg_stat_database.xact_commit` of a dedicated database; MariaDB: `USER_STATISTICS` of a dedicated user; Redis: `INFO commandstats` of a private server (every command but `INFO`). The floor is the backend's own acquire + release statements sent directly, and must count exactly 2. `renew_many` is one call over the given number of leases.\n");
+    let _ = writeln!(s, "| backend | floor (acquire + release) | acquire | acquire, new name | renew | release | `with_lease`, empty job | `renew_many` |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for r in all {
+        let Some(rt) = &r.round_trips else { continue };
+        let c = !rt.details.iter().all(|(_, d, _)| d.total == 0);
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} | {} for {} leases |",
+            r.label,
+            count(rt.floor, c),
+            count(rt.acquire, c),
+            count(rt.acquire_new, c),
+            count(rt.renew, c),
+            count(rt.release, c),
+            count(rt.with_lease, c),
+            count(rt.renew_many, c),
+            rt.batch
+        );
+    }
+    let mut detail = String::new();
+    for r in all {
+        let Some(rt) = &r.round_trips else { continue };
+        for (phase, d, n) in &rt.details {
+            if d.by_command.is_empty() || d.total == 0 {
+                continue;
+            }
+            let per: Vec<String> = d
+                .by_command
+                .iter()
+                .map(|(k, v)| format!("{k} {}", count(*v as f64 / *n as f64, true)))
+                .collect();
+            let _ = writeln!(detail, "| {} | {phase} | {} |", r.label, per.join(", "));
+        }
+    }
+    if !detail.is_empty() {
+        let _ = writeln!(s, "\nBy command, per operation:\n\n| backend | operation | commands |\n|---|---|---|\n{detail}");
+    }
+
+    let _ = writeln!(s, "\n### Overhead of a `with_lease` cycle with an empty job\n");
+    let _ = writeln!(s, "Medians of sequential cycles, sampled in interleaved blocks. Floor: the same acquire and release statements sent directly through sqlx / redis on the same pool. Target: ratio ≤ 1.15.\n");
+    let _ = writeln!(s, "| backend | floor | `with_lease` | ratio | `#[singleton]` | `#[singleton]` / `with_lease` | samples each |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    for r in all {
+        let Some(o) = &r.overhead else { continue };
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | **{}** | {} | {} | {} |",
+            r.label,
+            us(o.floor.median),
+            us(o.with_lease.median),
+            ratio(o.with_lease.median, o.floor.median),
+            us(o.singleton.median),
+            ratio(o.singleton.median, o.with_lease.median),
+            o.floor.n
+        );
+    }
+    for r in all {
+        if let Some(Overhead { sqlx_lock: Some(sq), with_lease, .. }) = &r.overhead {
+            let _ = writeln!(s, "\n{}: sqlx's own `PgAdvisoryLock` try-acquire + release on the same pool: {} median; `with_lease` / that = **{}**.", r.label, us(sq.median), ratio(with_lease.median, sq.median));
+        }
+    }
+
+    let _ = writeln!(s, "\n### Contention: 64 contenders\n");
+    let _ = writeln!(s, "Each contender is its own `Lease` (holder) looping `try_acquire` then `release` of what it got. Latency is per `try_acquire` call, whatever its answer. Requests per acquisition: everything the server counted (attempts that found the name held, acquisitions, releases) divided by the acquisitions.\n");
+    let _ = writeln!(s, "| backend | names | acquisitions/s | attempts/s | p50 acquire | p99 acquire | server requests per acquisition | errors |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|");
+    for r in all {
+        for c in &r.contention {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                r.label,
+                c.names,
+                c.acquisitions as f64 / c.secs,
+                c.attempts as f64 / c.secs,
+                us(c.latency.median),
+                us(c.latency.p99),
+                c.requests_per_acquisition.map_or("—".to_owned(), |x| format!("{x:.2}")),
+                c.errors
+            );
+        }
+    }
+
+    let _ = writeln!(s, "\n### Scale: one `Lease` holding many leases\n");
+    let _ = writeln!(s, "One `Lease` acquires the leases (64 at a time) and holds them; we watch one renewal window of ttl/3 (from ttl/3 − 0.5 s to 2·ttl/3 − 0.5 s after the first acquisition), which holds exactly one renewal of every lease. *Batched* is the backend's `renew_many`; *unbatched* is the baseline, one `renew` per lease (what `Backend::renew_many`'s default does for a backend that does not override it). Server requests: counted by the server (SQLite: none to ask). Calls: `renew`/`renew_many` calls the engine made, with the batches (time after the first acquisition: leases). CPU: this process, over the window. Memory: resident set growth while acquiring, per lease.\n");
+    let _ = writeln!(s, "| backend | leases | ttl | renewals | server requests per window | statements/s | engine calls (leases renewed) | batches in the window | CPU ms per window | RSS per lease | acquiring took |");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for r in all {
+        for c in &r.scale {
+            let per_window = c.server_requests;
+            let batches: Vec<String> = c
+                .batches
+                .iter()
+                .take(6)
+                .map(|(at, n)| format!("{:.1} s: {n}", *at as f64 / 1000.0))
+                .collect();
+            let more = if c.batches.len() > 6 { format!(" (+{} more)", c.batches.len() - 6) } else { String::new() };
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} s | {} | {} | {} | {} ({}) | {}{} | {:.1} | {:.2} KiB | {:.2} s |",
+                r.label,
+                c.leases,
+                c.ttl.as_secs(),
+                if c.batched { "**batched**" } else { "unbatched" },
+                per_window.map_or("—".to_owned(), |x| x.to_string()),
+                per_window.map_or("—".to_owned(), |x| format!("{:.1}", x as f64 / (c.ttl.as_secs_f64() / 3.0))),
+                c.calls,
+                c.renewed,
+                batches.join("; "),
+                more,
+                c.cpu_ms,
+                c.rss_kib_per_lease,
+                c.acquire_secs
+            );
+        }
+    }
+    let _ = Stats::default();
+    s
+}
+
+/// Replace the text between `<!-- bench:begin -->` and `<!-- bench:end -->`
+/// in `doc` with `generated` (or append both markers and it).
+pub fn splice(doc: &str, generated: &str) -> String {
+    const BEGIN: &str = "<!-- bench:begin -->";
+    const END: &str = "<!-- bench:end -->";
+    match (doc.find(BEGIN), doc.find(END)) {
+        (Some(b), Some(e)) if b < e => format!(
+            "{}{BEGIN}\n{generated}{}",
+            &doc[..b],
+            &doc[e..]
+        ),
+        _ => format!("{doc}\n{BEGIN}\n{generated}{END}\n"),
+    }
+}

@@ -1,0 +1,50 @@
+//! `cargo run -p lease-bench --release -- [--quick] [--only PgTable,Redis,...] [--write docs/PERFORMANCE.md]`
+//!
+//! Prints the report; with `--write FILE`, also puts it into FILE between
+//! `<!-- bench:begin -->` and `<!-- bench:end -->`, keeping the rest.
+
+#![allow(clippy::print_stderr)]
+
+use lease_bench::{BoxError, Options, run, splice};
+
+const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale] [--write FILE]";
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let mut options = Options {
+        command: std::iter::once("cargo run -p lease-bench --release --".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" "),
+        ..Options::default()
+    };
+    let mut write = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => options.quick = true,
+            "--only" => {
+                let list = args.next().ok_or(USAGE)?;
+                options.only = list.split(',').map(str::to_owned).collect();
+            }
+            "--sections" => {
+                let list = args.next().ok_or(USAGE)?;
+                options.sections = list.split(',').map(str::to_owned).collect();
+            }
+            "--write" => write = Some(args.next().ok_or(USAGE)?),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}").into()),
+        }
+    }
+    let report = run(&options).await?;
+    println!("{report}");
+    if let Some(path) = write {
+        let doc = std::fs::read_to_string(&path).unwrap_or_default();
+        std::fs::write(&path, splice(&doc, &report))?;
+        eprintln!("wrote {path}");
+    }
+    Ok(())
+}

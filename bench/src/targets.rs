@@ -1,0 +1,407 @@
+//! The backends under test, and their floors: the same statements the
+//! backend sends, issued directly through sqlx or redis on the same pool.
+//!
+//! The SQL and Lua here are copies of the backends' own (`lease/src/backend/`)
+//! for the default table `task_leases`; keep them in step.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use lease::{Backend, Error, Grant, Lease};
+use sqlx::{MySqlPool, PgPool, SqlitePool};
+
+use crate::BoxError;
+
+/// One backend under test.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Pg(PgTable),
+    MySql(MySqlTable),
+    Sqlite(SqliteTable),
+    Redis(Redis, deadpool_redis::Pool),
+    PgAdvisory(PgAdvisory, PgPool),
+}
+
+const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at, fence) \
+     VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1) \
+     ON CONFLICT (name) DO UPDATE SET \
+     holder = EXCLUDED.holder, \
+     expires_at = EXCLUDED.expires_at, \
+     fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
+     THEN l.fence ELSE l.fence + 1 END \
+     WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
+     RETURNING fence";
+const PG_RELEASE: &str = "UPDATE task_leases SET expires_at = clock_timestamp() \
+     WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+
+const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fence) VALUES (?, ?, \
+     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), LAST_INSERT_ID(1)) \
+     ON DUPLICATE KEY UPDATE fence = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
+     LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ?, fence, fence + 1)), \
+     fence + LAST_INSERT_ID(0)), holder = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), ?, holder), \
+     expires_at = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
+     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at)";
+const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = UTC_TIMESTAMP(6) \
+     WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)";
+
+macro_rules! now_ms {
+    () => {
+        "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+    };
+}
+const LITE_ACQUIRE: &str = concat!(
+    "INSERT INTO task_leases AS l (name, holder, expires_at, fence) VALUES (?1, ?2, ",
+    now_ms!(),
+    " + ?3, 1) ON CONFLICT (name) DO UPDATE SET \
+     holder = excluded.holder, \
+     expires_at = excluded.expires_at, \
+     fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > ",
+    now_ms!(),
+    " THEN l.fence ELSE l.fence + 1 END WHERE l.expires_at <= ",
+    now_ms!(),
+    " OR l.holder = excluded.holder RETURNING fence"
+);
+const LITE_RELEASE: &str = concat!(
+    "UPDATE task_leases SET expires_at = ",
+    now_ms!(),
+    " WHERE name = ?1 AND holder = ?2 AND expires_at > ",
+    now_ms!()
+);
+
+const REDIS_ACQUIRE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local fence = redis.call('GET', KEYS[2])
+  if not fence then
+    fence = redis.call('INCR', KEYS[2])
+  end
+  return fence
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) ~= 'number' or fence < 1 then
+    redis.call('DEL', KEYS[1])
+    return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
+  end
+  return fence
+end
+return 0
+";
+const REDIS_RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Hashed once, as the backend does.
+static SCRIPTS: std::sync::LazyLock<(redis::Script, redis::Script)> = std::sync::LazyLock::new(|| {
+    (
+        redis::Script::new(REDIS_ACQUIRE),
+        redis::Script::new(REDIS_RELEASE),
+    )
+});
+
+impl Target {
+    pub(crate) fn label(&self) -> &'static str {
+        match self {
+            Target::Pg(_) => "PgTable",
+            Target::MySql(_) => "MySqlTable",
+            Target::Sqlite(_) => "SqliteTable",
+            Target::Redis(..) => "Redis",
+            Target::PgAdvisory(..) => "PgAdvisory",
+        }
+    }
+
+    /// A `Lease` on this backend, optionally wrapped in [`Counted`].
+    pub(crate) fn lease(&self, holder: &str) -> Lease {
+        match self {
+            Target::Pg(b) => Lease::with_holder(b.clone(), holder),
+            Target::MySql(b) => Lease::with_holder(b.clone(), holder),
+            Target::Sqlite(b) => Lease::with_holder(b.clone(), holder),
+            Target::Redis(b, _) => Lease::with_holder(b.clone(), holder),
+            Target::PgAdvisory(b, _) => Lease::with_holder(b.clone(), holder),
+        }
+    }
+
+    /// A `Lease` on this backend wrapped in [`Counted`].
+    pub(crate) fn counted_lease(&self, holder: &str, batched: bool, calls: Arc<Calls>) -> Lease {
+        match self {
+            Target::Pg(b) => Lease::with_holder(Counted::new(b.clone(), batched, calls), holder),
+            Target::MySql(b) => Lease::with_holder(Counted::new(b.clone(), batched, calls), holder),
+            Target::Sqlite(b) => {
+                Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
+            }
+            Target::Redis(b, _) => {
+                Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
+            }
+            Target::PgAdvisory(b, _) => {
+                Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
+            }
+        }
+    }
+
+    pub(crate) async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        Ok(match self {
+            Target::Pg(b) => b.acquire(name, holder, ttl).await?,
+            Target::MySql(b) => b.acquire(name, holder, ttl).await?,
+            Target::Sqlite(b) => b.acquire(name, holder, ttl).await?,
+            Target::Redis(b, _) => b.acquire(name, holder, ttl).await?,
+            Target::PgAdvisory(b, _) => b.acquire(name, holder, ttl).await?,
+        }
+        .is_some())
+    }
+
+    pub(crate) async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        match self {
+            Target::Pg(b) => b.renew(name, holder, ttl).await,
+            Target::MySql(b) => b.renew(name, holder, ttl).await,
+            Target::Sqlite(b) => b.renew(name, holder, ttl).await,
+            Target::Redis(b, _) => b.renew(name, holder, ttl).await,
+            Target::PgAdvisory(b, _) => b.renew(name, holder, ttl).await,
+        }
+    }
+
+    pub(crate) async fn renew_many(
+        &self,
+        holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        match self {
+            Target::Pg(b) => b.renew_many(holder, leases).await,
+            Target::MySql(b) => b.renew_many(holder, leases).await,
+            Target::Sqlite(b) => b.renew_many(holder, leases).await,
+            Target::Redis(b, _) => b.renew_many(holder, leases).await,
+            Target::PgAdvisory(b, _) => b.renew_many(holder, leases).await,
+        }
+    }
+
+    pub(crate) async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        match self {
+            Target::Pg(b) => b.release(name, holder).await,
+            Target::MySql(b) => b.release(name, holder).await,
+            Target::Sqlite(b) => b.release(name, holder).await,
+            Target::Redis(b, _) => b.release(name, holder).await,
+            Target::PgAdvisory(b, _) => b.release(name, holder).await,
+        }
+    }
+
+    /// The floor of one `with_lease` cycle: the backend's acquire statement
+    /// and its release statement, sent directly on the same pool. Returns
+    /// whether the acquire succeeded.
+    pub(crate) async fn floor_cycle(
+        &self,
+        redis_conn: &mut Option<redis::aio::MultiplexedConnection>,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, BoxError> {
+        let ttl_ms = ttl.as_millis() as i64;
+        match self {
+            Target::Pg(b) => pg_floor(b.pool(), name, holder, ttl_ms).await,
+            Target::MySql(b) => my_floor(b.pool(), name, holder, ttl_ms).await,
+            Target::Sqlite(b) => lite_floor(b.pool(), name, holder, ttl_ms).await,
+            Target::Redis(b, pool) => {
+                if redis_conn.is_none() {
+                    let conn = pool.get().await?;
+                    *redis_conn = Some((*conn).clone());
+                }
+                let conn = redis_conn.as_mut().ok_or("no redis connection")?;
+                let lock = b.lock_key(name);
+                let fence: i64 = SCRIPTS
+                    .0
+                    .key(&lock)
+                    .key(b.fence_key(name))
+                    .arg(holder)
+                    .arg(ttl_ms)
+                    .invoke_async(conn)
+                    .await?;
+                let _: i64 = SCRIPTS
+                    .1
+                    .key(&lock)
+                    .arg(holder)
+                    .invoke_async(conn)
+                    .await?;
+                Ok(fence > 0)
+            }
+            Target::PgAdvisory(_, pool) => {
+                let key = PgAdvisory::key(name);
+                let mut conn = pool.acquire().await?;
+                let (locked, _pid): (bool, i32) =
+                    sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                        .bind(key)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                if locked {
+                    let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                        .bind(key)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                }
+                Ok(locked)
+            }
+        }
+    }
+
+    /// `PgAdvisory` only: sqlx's own `PgAdvisoryLock` try-acquire and release.
+    pub(crate) async fn sqlx_lock_cycle(&self, name: &str) -> Result<bool, BoxError> {
+        let Target::PgAdvisory(_, pool) = self else {
+            return Err("sqlx's PgAdvisoryLock is a PgAdvisory baseline only".into());
+        };
+        let lock = sqlx::postgres::PgAdvisoryLock::new(name);
+        let conn = pool.acquire().await?;
+        match lock.try_acquire(conn).await? {
+            sqlx::Either::Left(guard) => {
+                guard.release_now().await?;
+                Ok(true)
+            }
+            sqlx::Either::Right(_conn) => Ok(false),
+        }
+    }
+}
+
+async fn pg_floor(pool: &PgPool, name: &str, holder: &str, ttl_ms: i64) -> Result<bool, BoxError> {
+    let fence: Option<i64> = sqlx::query_scalar(PG_ACQUIRE)
+        .bind(name)
+        .bind(holder)
+        .bind(ttl_ms)
+        .fetch_optional(pool)
+        .await?;
+    sqlx::query(PG_RELEASE)
+        .bind(name)
+        .bind(holder)
+        .execute(pool)
+        .await?;
+    Ok(fence.is_some())
+}
+
+async fn my_floor(
+    pool: &MySqlPool,
+    name: &str,
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<bool, BoxError> {
+    let (n, h) = (name.as_bytes(), holder.as_bytes());
+    let done = sqlx::query(MY_ACQUIRE)
+        .bind(n)
+        .bind(h)
+        .bind(ttl_ms)
+        .bind(h)
+        .bind(h)
+        .bind(h)
+        .bind(h)
+        .bind(h)
+        .bind(ttl_ms)
+        .execute(pool)
+        .await?;
+    sqlx::query(MY_RELEASE)
+        .bind(n)
+        .bind(h)
+        .execute(pool)
+        .await?;
+    Ok(done.last_insert_id() != 0)
+}
+
+async fn lite_floor(
+    pool: &SqlitePool,
+    name: &str,
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<bool, BoxError> {
+    let fence: Option<i64> = sqlx::query_scalar(LITE_ACQUIRE)
+        .bind(name)
+        .bind(holder)
+        .bind(ttl_ms)
+        .fetch_optional(pool)
+        .await?;
+    sqlx::query(LITE_RELEASE)
+        .bind(name)
+        .bind(holder)
+        .execute(pool)
+        .await?;
+    Ok(fence.is_some())
+}
+
+/// Renewal calls a `Counted` backend saw: for backends without a server
+/// (SQLite) and as a cross-check of the server's count.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    /// `renew` calls and `renew_many` calls (each one statement when batched).
+    pub(crate) renew_calls: AtomicU64,
+    /// Leases renewed (in `renew` and `renew_many` together).
+    pub(crate) renewed_leases: AtomicU64,
+    /// `(ms since the start, leases)` of every call.
+    pub(crate) log: std::sync::Mutex<Vec<(u128, usize)>>,
+    pub(crate) start: std::sync::OnceLock<std::time::Instant>,
+}
+
+impl Calls {
+    fn record(&self, leases: usize) {
+        self.renew_calls.fetch_add(1, Ordering::Relaxed);
+        self.renewed_leases
+            .fetch_add(leases as u64, Ordering::Relaxed);
+        let start = *self.start.get_or_init(std::time::Instant::now);
+        self.log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((start.elapsed().as_millis(), leases));
+    }
+}
+
+/// A backend that counts renewals, and either passes `renew_many` on
+/// (`batched`) or renews each lease on its own, as the trait's default does
+/// for a backend that does not override it — the unbatched baseline.
+pub(crate) struct Counted<B> {
+    inner: B,
+    batched: bool,
+    calls: Arc<Calls>,
+}
+
+impl<B> Counted<B> {
+    pub(crate) fn new(inner: B, batched: bool, calls: Arc<Calls>) -> Self {
+        Self {
+            inner,
+            batched,
+            calls,
+        }
+    }
+}
+
+impl<B: Backend> Backend for Counted<B> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        self.inner.acquire(name, holder, ttl).await
+    }
+
+    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+        self.calls.record(1);
+        self.inner.renew(name, holder, ttl).await
+    }
+
+    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        self.inner.release(name, holder).await
+    }
+
+    async fn renew_many(
+        &self,
+        holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        if self.batched {
+            self.calls.record(leases.len());
+            self.inner.renew_many(holder, leases).await
+        } else {
+            join_all(leases.iter().map(|&(name, ttl)| self.renew(name, holder, ttl)))
+                .await
+                .into_iter()
+                .collect()
+        }
+    }
+}
