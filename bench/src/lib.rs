@@ -154,7 +154,14 @@ pub async fn run(options: &Options) -> Result<String, BoxError> {
         };
         for (n, batched) in runs {
             eprintln!("== {label}: scale ({n} leases, batched: {batched})");
-            let counter: &mut Counter = if q { &mut Counter::None } else { &mut *counter };
+            // PgAdvisory: the heartbeats run on connections that hold locks,
+            // whose statistics PostgreSQL flushes only when it likes; only
+            // the engine's calls are counted.
+            let counter: &mut Counter = if q || matches!(target, Target::PgAdvisory(..)) {
+                &mut Counter::None
+            } else {
+                &mut *counter
+            };
             r.scale
                 .push(measure::scale(target, counter, n, batched, ttl, &run_id).await?);
         }
@@ -251,15 +258,23 @@ fn report(options: &Options, m: &Machine, all: &[Results]) -> String {
     for r in all {
         let Some(rt) = &r.round_trips else { continue };
         let c = !rt.details.iter().all(|(_, d, _)| d.total == 0);
+        let (acquire, release) = if rt.acquire_with_release {
+            (
+                format!("{} with release", count(rt.acquire, c)),
+                "(with acquire)".to_owned(),
+            )
+        } else {
+            (count(rt.acquire, c), count(rt.release, c))
+        };
         let _ = writeln!(
             s,
             "| {} | {} | {} | {} | {} | {} | {} | {} for {} leases |",
             r.label,
             count(rt.floor, c),
-            count(rt.acquire, c),
-            count(rt.acquire_new, c),
+            acquire,
+            if rt.acquire_new.is_nan() { "—".to_owned() } else { count(rt.acquire_new, c) },
             count(rt.renew, c),
-            count(rt.release, c),
+            release,
             count(rt.with_lease, c),
             count(rt.renew_many, c),
             rt.batch

@@ -28,6 +28,8 @@ pub(crate) struct RoundTrips {
     pub(crate) batch: usize,
     pub(crate) release: f64,
     pub(crate) with_lease: f64,
+    /// `PgAdvisory`: `acquire` holds acquire + release together, `release` is unused.
+    pub(crate) acquire_with_release: bool,
     /// `(phase, per-command counts)` where the server tells (Redis).
     pub(crate) details: Vec<(&'static str, Count, usize)>,
 }
@@ -89,6 +91,10 @@ pub(crate) async fn round_trips(
         batch: n,
         ..RoundTrips::default()
     };
+    if matches!(t, Target::PgAdvisory(..)) {
+        advisory_round_trips(t, counter, &names, &lease, &wl_name, &mut rt).await?;
+        return Ok(rt);
+    }
     let d = &mut rt.details;
     rt.floor = per_op(counter, d, "floor", n, |_| {
         // A clone of the same multiplexed connection (Redis).
@@ -164,6 +170,82 @@ pub(crate) async fn round_trips(
     Ok(rt)
 }
 
+/// `PgAdvisory` holds each lock on a connection of its own, and PostgreSQL
+/// flushes the statistics of such a connection only once it is back in the
+/// pool: count phases that end with every lock released, and take the
+/// differences.
+async fn advisory_round_trips(
+    t: &Target,
+    counter: &mut Counter,
+    names: &[String],
+    lease: &Lease,
+    wl_name: &str,
+    rt: &mut RoundTrips,
+) -> Result<(), BoxError> {
+    let n = names.len();
+    let d = &mut rt.details;
+    rt.floor = per_op(counter, d, "floor", n, |_| async move {
+        t.floor_cycle(&mut None, "bench-floor", "bench-floor", TTL)
+            .await
+            .map(drop)
+    })
+    .await?;
+    let held = |name: &str, ok: bool| {
+        if ok {
+            Ok(())
+        } else {
+            Err(BoxError::from(format!("{name} was not acquired or renewed")))
+        }
+    };
+    let acquire_release = per_op(counter, d, "acquire + release", n, |i| {
+        let name = &names[i];
+        async move {
+            held(name, t.acquire(name, HOLDER, TTL).await?)?;
+            Ok(t.release(name, HOLDER).await?)
+        }
+    })
+    .await?;
+    let with_renew = per_op(counter, d, "acquire + renew + release", n, |i| {
+        let name = &names[i];
+        async move {
+            held(name, t.acquire(name, HOLDER, TTL).await?)?;
+            held(name, t.renew(name, HOLDER, TTL).await?)?;
+            Ok(t.release(name, HOLDER).await?)
+        }
+    })
+    .await?;
+    let batch: Vec<(&str, Duration)> = names.iter().map(|n| (n.as_str(), TTL)).collect();
+    let with_batch = per_op(counter, d, "acquire all + renew_many + release all", 1, |_| {
+        let batch = &batch;
+        async move {
+            for name in names {
+                held(name, t.acquire(name, HOLDER, TTL).await?)?;
+            }
+            if t.renew_many(HOLDER, batch).await?.iter().any(|r| !r) {
+                return Err("renew_many lost a lease".into());
+            }
+            for name in names {
+                t.release(name, HOLDER).await?;
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    rt.with_lease = per_op(counter, d, "with_lease", n, |_| async move {
+        match lease.with_lease(wl_name, TTL, |_| async {}).await {
+            lease::Outcome::Ran(()) => Ok(()),
+            other => Err(format!("with_lease did not run: {other:?}").into()),
+        }
+    })
+    .await?;
+    rt.acquire = acquire_release;
+    rt.acquire_with_release = true;
+    rt.renew = with_renew - acquire_release;
+    rt.renew_many = with_batch - acquire_release * n as f64;
+    rt.acquire_new = f64::NAN;
+    Ok(())
+}
+
 /// Summary of a set of latency samples.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Stats {
@@ -224,32 +306,34 @@ pub(crate) async fn overhead(t: &Target, rounds: usize, block: usize) -> Result<
             t.sqlx_lock_cycle("bench-sqlx-lock").await?;
         }
     }
-    for _ in 0..rounds {
-        for _ in 0..block {
+    // One cycle of each variant per step, in an order that rotates, so that
+    // a change of load (or a neighbour's burst) hits all of them alike.
+    let variants = if advisory { 4 } else { 3 };
+    for step in 0..rounds * block {
+        for k in 0..variants {
             let start = Instant::now();
-            let ok = t
-                .floor_cycle(&mut redis_conn, "bench-floor", "bench-floor", TTL)
-                .await?;
-            floor.push(start.elapsed());
-            if !ok {
-                return Err("the floor did not acquire".into());
-            }
-        }
-        for _ in 0..block {
-            let start = Instant::now();
-            with_lease_job(&lease).await;
-            wl.push(start.elapsed());
-        }
-        for _ in 0..block {
-            let start = Instant::now();
-            singleton_job(&lease).await;
-            sg.push(start.elapsed());
-        }
-        if advisory {
-            for _ in 0..block {
-                let start = Instant::now();
-                t.sqlx_lock_cycle("bench-sqlx-lock").await?;
-                sq.push(start.elapsed());
+            match (step + k) % variants {
+                0 => {
+                    let ok = t
+                        .floor_cycle(&mut redis_conn, "bench-floor", "bench-floor", TTL)
+                        .await?;
+                    floor.push(start.elapsed());
+                    if !ok {
+                        return Err("the floor did not acquire".into());
+                    }
+                }
+                1 => {
+                    with_lease_job(&lease).await;
+                    wl.push(start.elapsed());
+                }
+                2 => {
+                    singleton_job(&lease).await;
+                    sg.push(start.elapsed());
+                }
+                _ => {
+                    t.sqlx_lock_cycle("bench-sqlx-lock").await?;
+                    sq.push(start.elapsed());
+                }
             }
         }
     }

@@ -3,9 +3,10 @@
 //!
 //! - PostgreSQL: a dedicated database `lease_bench`; `pg_stat_database.xact_commit`
 //!   of that database counts one per autocommit statement. It is read from a
-//!   connection to another database, after waiting for the pool's backends to
-//!   flush their statistics (PostgreSQL 15 flushes an idle backend's counters
-//!   about a second after it goes idle).
+//!   connection to another database, after making the pool's connections
+//!   flush their statistics with `pg_stat_force_next_flush()` (PostgreSQL 15
+//!   flushes an idle backend's counters only a second, or even ten, after it
+//!   goes idle); those flushes' own commits are subtracted.
 //! - MariaDB / MySQL: a dedicated user `lease_bench` and database `lease_bench`;
 //!   with `userstat = 1`, `information_schema.USER_STATISTICS` counts the
 //!   commands of that user alone (`SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS`).
@@ -36,7 +37,13 @@ pub(crate) const POOL_SIZE: u32 = 40;
 
 /// Something that counts the requests a server has executed for us.
 pub(crate) enum Counter {
-    Pg { monitor: PgPool },
+    Pg {
+        monitor: PgPool,
+        /// The benchmark's pool, whose connections are made to flush their statistics.
+        pool: PgPool,
+        /// Commits of our own (the flushes), not to be counted.
+        own: u64,
+    },
     MySql { monitor: MySqlPool },
     Redis { conn: redis::aio::MultiplexedConnection },
     /// SQLite: no server to ask.
@@ -73,21 +80,48 @@ impl Counter {
         !matches!(self, Counter::None)
     }
 
-    /// The server's count now. For PostgreSQL this waits until the counter
-    /// has settled (at least 1.1 s: the pool's backends flush their
-    /// statistics about a second after going idle), so call it only when
-    /// the benchmark's own connections are idle.
+    /// The server's count now. For PostgreSQL, call it only when the
+    /// requests to count are done and every connection is back in the pool:
+    /// the pool's idle connections are made to flush their statistics first.
+    /// A connection that is not idle, such as one holding an advisory lock,
+    /// may not have flushed yet (and never does on its own, while it runs
+    /// only statements that read no table).
     pub(crate) async fn read(&mut self) -> Result<Count, BoxError> {
         match self {
-            Counter::Pg { monitor } => {
-                sleep(Duration::from_millis(1100)).await;
+            Counter::Pg { monitor, pool, own } => {
+                // An idle backend flushes its pending counters at most once a
+                // second, and after a recent flush only 10 s later: make
+                // every idle connection of the pool flush now. Each
+                // `pg_stat_force_next_flush()` is one more commit, subtracted.
+                // Connections are given back to the pool by tasks of their own.
+                sleep(Duration::from_millis(100)).await;
+                let mut conns = Vec::new();
+                while let Some(conn) = pool.try_acquire() {
+                    conns.push(conn);
+                }
+                for conn in &mut conns {
+                    // Reading a table gives the backend relation statistics
+                    // to flush: one with none pending skips the flush, and
+                    // with it the commits of statements that read no table
+                    // (such as `pg_try_advisory_lock`).
+                    sqlx::query("SELECT pg_stat_force_next_flush() FROM lease_bench_flush")
+                        .execute(&mut **conn)
+                        .await?;
+                }
+                let flushes = conns.len() as u64;
+                drop(conns);
+                *own += flushes;
+                sleep(Duration::from_millis(50)).await;
                 let mut last = pg_xact(monitor).await?;
                 loop {
-                    sleep(Duration::from_millis(200)).await;
+                    sleep(Duration::from_millis(100)).await;
                     let now = pg_xact(monitor).await?;
                     if now == last {
+                        if std::env::var_os("LEASE_BENCH_DEBUG").is_some() {
+                            eprintln!("pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections", pool.size());
+                        }
                         return Ok(Count {
-                            total: now,
+                            total: now - *own,
                             by_command: BTreeMap::new(),
                         });
                     }
@@ -188,7 +222,12 @@ pub(crate) async fn postgres() -> Result<(PgPool, Counter, String), BoxError> {
         .test_before_acquire(false)
         .connect_with(options)
         .await?;
-    Ok((pool, Counter::Pg { monitor }, format!("PostgreSQL {version}")))
+    let counter = Counter::Pg {
+        monitor,
+        pool: pool.clone(),
+        own: 0,
+    };
+    Ok((pool, counter, format!("PostgreSQL {version}")))
 }
 
 /// The lease table in `lease_bench`, without autovacuum (whose transactions
@@ -196,9 +235,13 @@ pub(crate) async fn postgres() -> Result<(PgPool, Counter, String), BoxError> {
 pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, BoxError> {
     let table = lease::backend::PgTable::new(pool.clone());
     table.ensure_schema().await?;
-    sqlx::query("ALTER TABLE task_leases SET (autovacuum_enabled = false)")
-        .execute(pool)
-        .await?;
+    for sql in [
+        "ALTER TABLE task_leases SET (autovacuum_enabled = false)",
+        "CREATE TABLE IF NOT EXISTS lease_bench_flush (one INT) WITH (autovacuum_enabled = false)",
+        "INSERT INTO lease_bench_flush SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM lease_bench_flush)",
+    ] {
+        sqlx::query(sql).execute(pool).await?;
+    }
     Ok(table)
 }
 
