@@ -1,8 +1,9 @@
 //! [`Redis`]: `SET NX PX` locks with token-checked Lua renew and release.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use ::redis::aio::MultiplexedConnection;
 use ::redis::{RedisError, Script, ScriptInvocation};
 use deadpool_redis::Pool;
 use futures_util::future::join_all;
@@ -40,6 +41,24 @@ end
 return 0
 ";
 
+/// Renew many. KEYS: locks. ARGV: holder, then the ttl in ms of each key.
+/// Returns one integer per key, in order: 1 if renewed, 0 if not ours.
+const RENEW_MANY: &str = r"
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then
+    renewed[i] = redis.call('PEXPIRE', key, ARGV[i + 1])
+  else
+    renewed[i] = 0
+  end
+end
+return renewed
+";
+
+/// The most keys one [`RENEW_MANY`] call takes: Redis runs a script
+/// without serving anyone else, so a huge batch is split.
+const RENEW_MANY_CHUNK: usize = 1000;
+
 /// Release. KEYS: lock. ARGV: holder. Returns 1 if deleted, 0 if not ours.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -51,6 +70,7 @@ return 0
 struct Scripts {
     acquire: Script,
     renew: Script,
+    renew_many: Script,
     release: Script,
 }
 
@@ -58,6 +78,7 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
     renew: Script::new(RENEW),
+    renew_many: Script::new(RENEW_MANY),
     release: Script::new(RELEASE),
 });
 
@@ -88,13 +109,25 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// # Calls
 ///
 /// Each acquire, renew and release is one `EVALSHA` (via [`redis::Script`],
-/// which loads the script on `NOSCRIPT`) on a connection from the pool, and
-/// each is bounded by the backend's [timeout](Redis::with_timeout) (default
-/// 5 s) — pool checkout included — after which it fails with
-/// [`Error::Timeout`]. If the connection turns out to be dead (the server
-/// restarted, `CLIENT KILL`, a proxy closed it), the call is retried once at
-/// once on another connection from the pool, within the same timeout: all
-/// three scripts are idempotent. Renewals that fail anyway are retried by the
+/// which loads the script on `NOSCRIPT`): one round trip. The renewals of
+/// many leases of one holder ([`Backend::renew_many`]) are one `EVALSHA` of
+/// a script over all their keys (up to 1,000 keys per call; larger batches
+/// are split into several calls, sent together), which tells each lease
+/// whether it was renewed. That script touches keys in many hash slots: on
+/// a Redis Cluster proxy that rejects it with `CROSSSLOT`, the renewals are
+/// sent one script per key instead, pipelined.
+///
+/// The backend takes one connection from the pool and keeps using it for
+/// every call: a [`MultiplexedConnection`] pipelines concurrent requests,
+/// and checking one out of the pool for each call would cost a round trip
+/// of its own (deadpool-redis checks a connection with `PING` each time it
+/// hands it out). Each call is bounded by the backend's
+/// [timeout](Redis::with_timeout) (default 5 s) — getting a connection
+/// included — after which it fails with [`Error::Timeout`]. If the
+/// connection turns out to be dead (the server restarted, `CLIENT KILL`, a
+/// proxy closed it), it is dropped and the call is retried once at once on
+/// another connection from the pool, within the same timeout: all the
+/// scripts are idempotent. Renewals that fail anyway are retried by the
 /// engine until the lease's local deadline, so a connection killed while a
 /// lease is held does not lose the lease.
 ///
@@ -157,6 +190,9 @@ pub struct Redis {
     pool: Pool,
     prefix: Arc<str>,
     timeout: Duration,
+    /// The connection every call uses, taken from `pool` on first use and
+    /// again after it died. Shared by clones.
+    conn: Arc<Mutex<Option<MultiplexedConnection>>>,
 }
 
 impl std::fmt::Debug for Redis {
@@ -183,6 +219,7 @@ impl Redis {
             pool,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
+            conn: Arc::default(),
         }
     }
 
@@ -262,10 +299,26 @@ impl Redis {
         self.lock_key(name) + ":fence"
     }
 
-    /// Run `calls` concurrently on one connection from the pool (they are
-    /// pipelined on it), within the timeout. A dead connection is thrown
-    /// out of the pool and the whole batch retried once on another: every
-    /// script is idempotent.
+    /// The shared connection, taken from the pool if there is none.
+    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+        if let Some(conn) = self.cached().clone() {
+            return Ok(conn);
+        }
+        // The pooled object goes back to the pool at once; the clone shares
+        // its socket.
+        let conn = (*self.pool.get().await?).clone();
+        Ok(self.cached().get_or_insert(conn).clone())
+    }
+
+    fn cached(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        // Every update is a single assignment: a poisoned lock is consistent.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `calls` concurrently on the shared connection (they are
+    /// pipelined on it), within the timeout. A dead connection is dropped
+    /// (the pool weeds out its own copy when it next hands it out) and the
+    /// whole batch retried once on another: every script is idempotent.
     async fn run<T>(
         &self,
         operation: &'static str,
@@ -277,20 +330,17 @@ impl Redis {
         let attempt = async {
             let mut retried = false;
             loop {
-                let conn = self.pool.get().await?;
-                let results = {
-                    let multiplexed = &*conn;
-                    join_all(calls.iter().map(|call| {
-                        let mut c = multiplexed.clone();
-                        async move { call.invoke_async::<T>(&mut c).await }
-                    }))
-                    .await
-                };
+                let conn = self.connection().await?;
+                let results = join_all(calls.iter().map(|call| {
+                    let mut c = conn.clone();
+                    async move { call.invoke_async::<T>(&mut c).await }
+                }))
+                .await;
                 match results.into_iter().collect::<Result<Vec<T>, RedisError>>() {
                     Ok(values) => return Ok(values),
                     Err(e) if e.is_unrecoverable_error() => {
-                        // Never hand this connection out again.
-                        drop(deadpool_redis::Connection::take(conn));
+                        // Never use this connection again.
+                        self.cached().take();
                         if retried {
                             return Err(Error::Redis(e));
                         }
@@ -363,18 +413,37 @@ impl Backend for Redis {
         Ok(())
     }
 
-    /// All renewals pipelined on one connection, in one round trip.
+    /// One script over all the keys (per 1,000), which answers for each
+    /// lease; on a cluster proxy that refuses a script over keys of several
+    /// hash slots (`CROSSSLOT`), one script per key, pipelined.
     async fn renew_many(
         &self,
         holder: &str,
         leases: &[(&str, Duration)],
     ) -> Result<Vec<bool>, Error> {
         let calls: Vec<_> = leases
-            .iter()
-            .map(|&(name, ttl)| self.renew_call(name, holder, ttl))
+            .chunks(RENEW_MANY_CHUNK)
+            .map(|chunk| {
+                let mut call = SCRIPTS.renew_many.prepare_invoke();
+                call.arg(holder);
+                for &(name, ttl) in chunk {
+                    call.key(self.lock_key(name)).arg(millis(ttl));
+                }
+                call
+            })
             .collect();
-        let renewed = self.run::<i64>("renew", &calls).await?;
-        Ok(renewed.into_iter().map(|r| r == 1).collect())
+        match self.run::<Vec<i64>>("renew", &calls).await {
+            Ok(renewed) => Ok(renewed.into_iter().flatten().map(|r| r == 1).collect()),
+            Err(Error::Redis(e)) if e.code() == Some("CROSSSLOT") => {
+                let calls: Vec<_> = leases
+                    .iter()
+                    .map(|&(name, ttl)| self.renew_call(name, holder, ttl))
+                    .collect();
+                let renewed = self.run::<i64>("renew", &calls).await?;
+                Ok(renewed.into_iter().map(|r| r == 1).collect())
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
