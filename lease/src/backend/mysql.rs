@@ -74,6 +74,21 @@ const TEMPLATES: Templates = Templates {
     ),
     release: "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) \
               WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
+    // Many renewals of one ttl in one statement. Matched rows (again
+    // CLIENT_FOUND_ROWS) equal to the number of names means every lease was
+    // renewed; otherwise `renewed_many` finds out which.
+    renew_many: concat!(
+        "UPDATE {table} SET expires_at = ",
+        expiry!(),
+        " WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND name IN ({list})"
+    ),
+    // Run right after a `renew_many` that matched fewer rows than names: a
+    // lease of ours that is live now was renewed by it (nothing else renews
+    // our leases, and one that was not renewed cannot have become ours and
+    // live in between but by our own re-acquire, which leaves it ours).
+    renewed_many: "SELECT name FROM {table} \
+                   WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND name IN ({list})",
+    list_item: "?",
 };
 
 /// How many times a statement is tried when InnoDB reports a deadlock or a
@@ -115,6 +130,16 @@ const ATTEMPTS: u32 = 6;
 ///   `LAST_INSERT_ID(expr)` (so it also sets the connection's
 ///   `LAST_INSERT_ID()`); renew and release are single `UPDATE`s matched on
 ///   name, holder and expiry. Renew never inserts a row.
+/// - **Batched renewals**: the renewals of many leases of one holder
+///   ([`Backend::renew_many`], which the engine uses) are one
+///   `UPDATE .. WHERE holder = ? AND .. AND name IN (..)` per ttl and 1,000
+///   leases. MySQL has no `UPDATE .. RETURNING`: when the statement matched
+///   as many rows as it had names, every lease was renewed (one round trip);
+///   otherwise — some lease was lost — one
+///   `SELECT name .. WHERE holder = ? AND expires_at > now AND name IN (..)`
+///   follows, so that each lease learns whether it was renewed. The lists
+///   are padded (repeating a name) to one of a few lengths, so that a
+///   connection prepares at most 11 variants of each statement.
 /// - **Transient failures.** InnoDB may report a deadlock (error 1213) or a
 ///   lock wait timeout (1205) when many replicas insert a new name at once;
 ///   such a statement was rolled back, and it is retried a few times with a
@@ -361,6 +386,82 @@ impl Backend for MySqlTable {
         .await?;
         Ok(())
     }
+
+    /// One `UPDATE .. IN (..)` per ttl and 1,000 leases, and a `SELECT` of
+    /// the renewed names only when some lease was not renewed.
+    async fn renew_many(
+        &self,
+        holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        // Group by ttl (a `Lease` usually uses few), keeping the positions.
+        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
+        for (i, &(name, ttl)) in leases.iter().enumerate() {
+            let ttl_ms = sql::check(name, holder, ttl)?;
+            match groups.iter_mut().find(|(t, _)| *t == ttl_ms) {
+                Some((_, at)) => at.push(i),
+                None => groups.push((ttl_ms, vec![i])),
+            }
+        }
+        let chunks = groups.iter().flat_map(|(ttl_ms, at)| {
+            at.chunks(sql::RENEW_MANY_CHUNK)
+                .map(move |chunk| (*ttl_ms, chunk))
+        });
+        let calls = chunks.map(|(ttl_ms, at)| async move {
+            let names: Vec<&[u8]> = at.iter().map(|&i| leases[i].0.as_bytes()).collect();
+            let renewed = self.renew_chunk(holder.as_bytes(), ttl_ms, &names).await?;
+            Ok::<_, Error>(at.iter().copied().zip(renewed).collect::<Vec<_>>())
+        });
+        let mut out = vec![false; leases.len()];
+        for chunk in futures_util::future::join_all(calls).await {
+            for (i, renewed) in chunk? {
+                out[i] = renewed;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl MySqlTable {
+    /// Renew `names` (at most [`sql::RENEW_MANY_CHUNK`], one ttl); which
+    /// were renewed, in order.
+    async fn renew_chunk(
+        &self,
+        holder: &[u8],
+        ttl_ms: i64,
+        names: &[&[u8]],
+    ) -> Result<Vec<bool>, Error> {
+        let size = sql::list_size(names.len());
+        let padded = || {
+            let last = *names.last().expect("BUG: an empty chunk");
+            let pad = sql::LIST_SIZES[size] - names.len();
+            names.iter().copied().chain(std::iter::repeat_n(last, pad))
+        };
+        let done = self
+            .run(|| {
+                let query = sqlx::query(AssertSqlSafe(self.sql.renew_many[size].clone()))
+                    .bind(ttl_ms)
+                    .bind(holder);
+                padded()
+                    .fold(query, |query, name| query.bind(name))
+                    .execute(&self.pool)
+            })
+            .await?;
+        let mut distinct = names.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if done.rows_affected() == distinct.len() as u64 {
+            return Ok(vec![true; names.len()]);
+        }
+        let query =
+            sqlx::query_scalar(AssertSqlSafe(self.sql.renewed_many[size].clone())).bind(holder);
+        let live: Vec<Vec<u8>> = padded()
+            .fold(query, |query, name| query.bind(name))
+            .fetch_all(&self.pool)
+            .await?;
+        let live: std::collections::HashSet<&[u8]> = live.iter().map(Vec::as_slice).collect();
+        Ok(names.iter().map(|n| live.contains(n)).collect())
+    }
 }
 
 #[cfg(test)]
@@ -382,5 +483,11 @@ mod tests {
         assert_eq!(TEMPLATES.acquire.matches('?').count(), 9);
         assert_eq!(TEMPLATES.renew.matches('?').count(), 3);
         assert_eq!(TEMPLATES.release.matches('?').count(), 2);
+        let s = Statements::default_table(&TEMPLATES);
+        for (i, &n) in sql::LIST_SIZES.iter().enumerate() {
+            // ttl, holder, names
+            assert_eq!(s.renew_many[i].matches('?').count(), 2 + n);
+            assert_eq!(s.renewed_many[i].matches('?').count(), 1 + n);
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Leases in a PostgreSQL table, with expiry decided by the server's clock.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, PgPool};
@@ -31,6 +32,15 @@ const TEMPLATES: Templates = Templates {
             WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
     release: "UPDATE {table} SET expires_at = clock_timestamp() \
               WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
+    // Many renewals in one statement: the names and their ttls as two
+    // arrays, and the names of the rows renewed come back.
+    renew_many: "UPDATE {table} AS l \
+                 SET expires_at = clock_timestamp() + b.ttl * interval '1 millisecond' \
+                 FROM unnest($1::text[], $2::bigint[]) AS b(name, ttl) \
+                 WHERE l.name = b.name AND l.holder = $3 AND l.expires_at > clock_timestamp() \
+                 RETURNING l.name",
+    renewed_many: "",
+    list_item: "",
 };
 
 /// The advisory lock that serialises [`PgTable::ensure_schema`] across
@@ -78,6 +88,11 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`, renew
 ///   and release are single `UPDATE`s matched on name, holder and expiry.
 ///   Renew never inserts a row.
+/// - **Batched renewals**: the renewals of many leases of one holder
+///   ([`Backend::renew_many`], which the engine uses) are one
+///   `UPDATE .. FROM unnest($1::text[], $2::bigint[]) .. RETURNING name` per
+///   1,000 leases; each lease learns from the names returned whether it was
+///   renewed.
 ///
 /// Names and holders are always bind parameters. The table name is validated
 /// when the backend is built and then put into the statements, which are
@@ -274,6 +289,43 @@ impl Backend for PgTable {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// One `UPDATE .. FROM unnest(..) .. RETURNING name` per 1,000 leases.
+    async fn renew_many(
+        &self,
+        holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        let chunks = leases
+            .chunks(sql::RENEW_MANY_CHUNK)
+            .map(|chunk| async move {
+                let mut names = Vec::with_capacity(chunk.len());
+                let mut ttls = Vec::with_capacity(chunk.len());
+                for &(name, ttl) in chunk {
+                    ttls.push(sql::check(name, holder, ttl)?);
+                    names.push(name);
+                }
+                let renewed: Vec<String> =
+                    sqlx::query_scalar(AssertSqlSafe(self.sql.renew_many[0].clone()))
+                        .bind(&names)
+                        .bind(&ttls)
+                        .bind(holder)
+                        .fetch_all(&self.pool)
+                        .await?;
+                let renewed: HashSet<&str> = renewed.iter().map(String::as_str).collect();
+                Ok::<_, Error>(
+                    names
+                        .iter()
+                        .map(|n| renewed.contains(n))
+                        .collect::<Vec<_>>(),
+                )
+            });
+        let mut out = Vec::with_capacity(leases.len());
+        for chunk in futures_util::future::join_all(chunks).await {
+            out.extend(chunk?);
+        }
+        Ok(out)
     }
 }
 

@@ -13,12 +13,45 @@ pub(crate) const DEFAULT_TABLE: &str = "task_leases";
 /// The placeholder for the table name in the SQL templates of the backends.
 const TABLE: &str = "{table}";
 
+/// The placeholder for the list of bind parameters of a batch.
+const LIST: &str = "{list}";
+
+/// The most leases one batched renewal statement takes; larger batches are
+/// split (the engine never sends larger ones).
+pub(crate) const RENEW_MANY_CHUNK: usize = 1000;
+
+/// The list lengths the batched statements are built for, when a backend
+/// binds one parameter (or pair) per lease: a batch is padded up to the next
+/// length by repeating its last lease, so that a connection prepares at most
+/// this many variants of the statement.
+pub(crate) const LIST_SIZES: [usize; 11] =
+    [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, RENEW_MANY_CHUNK];
+
+/// The index in [`LIST_SIZES`] of the shortest list that takes `n` leases
+/// (`1 ..= RENEW_MANY_CHUNK`).
+pub(crate) fn list_size(n: usize) -> usize {
+    LIST_SIZES
+        .iter()
+        .position(|&size| size >= n)
+        .expect("BUG: a batch larger than RENEW_MANY_CHUNK")
+}
+
 /// SQL templates of one backend; `{table}` stands for the table name.
 pub(crate) struct Templates {
     pub(crate) create: &'static str,
     pub(crate) acquire: &'static str,
     pub(crate) renew: &'static str,
     pub(crate) release: &'static str,
+    /// The batched renewal. With a `list_item`, `{list}` stands for one
+    /// `list_item` per lease, separated by commas, and one statement is built
+    /// per length in [`LIST_SIZES`].
+    pub(crate) renew_many: &'static str,
+    /// MySQL only (else empty): which of a batch's leases are ours and live,
+    /// for when the renewal matched fewer rows than it had leases.
+    pub(crate) renewed_many: &'static str,
+    /// The bind parameters of one lease in `{list}`, or empty when the
+    /// statement takes arrays.
+    pub(crate) list_item: &'static str,
 }
 
 /// The statements of one table backend, built once from a validated table
@@ -30,6 +63,10 @@ pub(crate) struct Statements {
     pub(crate) acquire: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
+    /// One per length in [`LIST_SIZES`], or a single statement.
+    pub(crate) renew_many: Arc<[Arc<str>]>,
+    /// Like `renew_many` (MySQL only, else empty).
+    pub(crate) renewed_many: Arc<[Arc<str>]>,
 }
 
 impl Statements {
@@ -44,12 +81,33 @@ impl Statements {
             debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
             template.replace(TABLE, table).into()
         };
+        let lists = |template: &'static str| -> Arc<[Arc<str>]> {
+            if template.is_empty() {
+                return Arc::new([]);
+            }
+            if templates.list_item.is_empty() {
+                return Arc::new([fill(template)]);
+            }
+            debug_assert!(
+                template.contains(LIST),
+                "BUG: a batch template without {LIST}"
+            );
+            LIST_SIZES
+                .iter()
+                .map(|&n| {
+                    let list = vec![templates.list_item; n].join(", ");
+                    fill(&template.replace(LIST, &list))
+                })
+                .collect()
+        };
         Ok(Self {
             table: table.into(),
             create: fill(templates.create),
             acquire: fill(templates.acquire),
             renew: fill(templates.renew),
             release: fill(templates.release),
+            renew_many: lists(templates.renew_many),
+            renewed_many: lists(templates.renewed_many),
         })
     }
 
@@ -106,7 +164,33 @@ mod tests {
         acquire: "ACQUIRE {table} {table}",
         renew: "RENEW {table}",
         release: "RELEASE {table}",
+        renew_many: "MANY {table} IN ({list})",
+        renewed_many: "",
+        list_item: "(?, ?)",
     };
+
+    #[test]
+    fn batch_statements_are_built_per_list_size() {
+        let s = Statements::new(&T, "t").expect("valid");
+        assert_eq!(s.renew_many.len(), LIST_SIZES.len());
+        assert_eq!(&*s.renew_many[0], "MANY t IN ((?, ?))");
+        assert_eq!(&*s.renew_many[1], "MANY t IN ((?, ?), (?, ?))");
+        assert_eq!(s.renew_many[10].matches("(?, ?)").count(), RENEW_MANY_CHUNK);
+        assert!(s.renewed_many.is_empty());
+        let arrays = Templates {
+            list_item: "",
+            renew_many: "MANY {table} $1",
+            ..T
+        };
+        let s = Statements::new(&arrays, "t").expect("valid");
+        assert_eq!(s.renew_many.len(), 1);
+        assert_eq!(&*s.renew_many[0], "MANY t $1");
+        assert_eq!(list_size(1), 0);
+        assert_eq!(list_size(3), 2);
+        assert_eq!(list_size(512), 9);
+        assert_eq!(list_size(513), 10);
+        assert_eq!(list_size(RENEW_MANY_CHUNK), 10);
+    }
 
     #[test]
     fn statements_are_filled_with_the_validated_table() {

@@ -1,5 +1,6 @@
 //! Leases in a SQLite table: the embedded default for replicas on one host.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -56,6 +57,17 @@ const TEMPLATES: Templates = Templates {
         " WHERE name = ?1 AND holder = ?2 AND expires_at > ",
         now_ms!()
     ),
+    // Many renewals in one statement: `(name, ttl)` pairs, then the holder;
+    // the names of the rows renewed come back.
+    renew_many: concat!(
+        "UPDATE {table} AS l SET expires_at = ",
+        now_ms!(),
+        " + b.lease_ttl FROM (SELECT column1 AS lease_name, column2 AS lease_ttl          FROM (VALUES {list})) AS b WHERE l.name = b.lease_name AND l.holder = ?          AND l.expires_at > ",
+        now_ms!(),
+        " RETURNING name"
+    ),
+    renewed_many: "",
+    list_item: "(?, ?)",
 };
 
 /// How long a statement waits for another connection's write lock before it
@@ -96,6 +108,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`, renew
 ///   and release are single `UPDATE`s matched on name, holder and expiry.
 ///   Renew never inserts a row.
+/// - **Batched renewals**: the renewals of many leases of one holder
+///   ([`Backend::renew_many`], which the engine uses) are one
+///   `UPDATE .. FROM (VALUES (?, ?), ..) .. RETURNING name` per 1,000 leases
+///   (one write transaction); each lease learns from the names returned
+///   whether it was renewed. The lists are padded (repeating a lease) to one
+///   of a few lengths, so that a connection prepares at most 11 variants.
 /// - **Concurrency.** Several processes may share the file. SQLite lets one
 ///   writer in at a time; a statement that cannot get the write lock within
 ///   the busy timeout fails with `SQLITE_BUSY`, which is returned as
@@ -359,6 +377,37 @@ impl Backend for SqliteTable {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    /// One `UPDATE .. FROM (VALUES ..) .. RETURNING name` per 1,000 leases.
+    async fn renew_many(
+        &self,
+        holder: &str,
+        leases: &[(&str, Duration)],
+    ) -> Result<Vec<bool>, Error> {
+        let mut out = Vec::with_capacity(leases.len());
+        // One after the other: SQLite has one writer at a time anyway.
+        for chunk in leases.chunks(sql::RENEW_MANY_CHUNK) {
+            let mut pairs = Vec::with_capacity(chunk.len());
+            for &(name, ttl) in chunk {
+                pairs.push((name, sql::check(name, holder, ttl)?));
+            }
+            let size = sql::list_size(pairs.len());
+            let last = *pairs.last().expect("BUG: an empty chunk");
+            let padded = pairs.iter().copied().chain(std::iter::repeat_n(
+                last,
+                sql::LIST_SIZES[size] - pairs.len(),
+            ));
+            let query = sqlx::query_scalar(AssertSqlSafe(self.sql.renew_many[size].clone()));
+            let renewed: Vec<String> = padded
+                .fold(query, |q, (name, ttl_ms)| q.bind(name).bind(ttl_ms))
+                .bind(holder)
+                .fetch_all(&self.pool)
+                .await?;
+            let renewed: HashSet<&str> = renewed.iter().map(String::as_str).collect();
+            out.extend(pairs.iter().map(|(name, _)| renewed.contains(name)));
+        }
+        Ok(out)
     }
 }
 
