@@ -19,7 +19,8 @@
 //! Leases that fall due close together are renewed in one batch
 //! ([`Backend::renew_many`](crate::Backend::renew_many)): when any lease is
 //! due, every lease that has run at least half of its renewal period is
-//! renewed with it. Renewing early never shortens a lease.
+//! renewed with it. Renewing early never shortens a lease. A batch of more
+//! than 1,000 leases is split into calls of 1,000, sent together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +37,11 @@ use crate::{Error, Grant};
 
 /// Longest time any single acquire or release call is given, whatever the ttl.
 pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
+
+/// The most leases renewed in one [`Backend::renew_many`](crate::Backend::renew_many)
+/// call: a larger batch is split into calls of this size, sent together, so
+/// that no statement grows without bound and each call has its own timeout.
+pub(crate) const MAX_BATCH: usize = 1000;
 
 /// Safety margin subtracted from the ttl for the local deadline: `ttl/100 + 2ms`.
 pub(crate) fn margin(ttl: Duration) -> Duration {
@@ -427,8 +433,12 @@ impl Scheduler {
                 self.finished = true;
                 return;
             }
-            if !plan.due.is_empty() {
-                in_flight.push(send(engine.clone(), plan.due, now));
+            // At most `MAX_BATCH` leases per call, the calls sent together.
+            let mut due = plan.due;
+            while !due.is_empty() {
+                let rest = due.split_off(due.len().min(MAX_BATCH));
+                in_flight.push(send(engine.clone(), due, now));
+                due = rest;
             }
             tokio::select! {
                 biased;

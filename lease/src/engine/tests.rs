@@ -570,3 +570,35 @@ fn outside_a_runtime_acquire_is_an_error() {
         .unwrap_err();
     assert!(matches!(err, Error::NoRuntime));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_large_batch_is_split_into_calls_of_at_most_max_batch() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let mut guards = Vec::new();
+    for i in 0..2500 {
+        let name = format!("n{i}");
+        guards.push(lease.try_acquire(&name, TTL).await.unwrap().unwrap());
+    }
+    sleep(PERIOD + ms(10)).await;
+    let mut sizes = Vec::new();
+    let mut renewed = std::collections::HashSet::new();
+    for (at, call) in backend.calls() {
+        match call {
+            Call::RenewMany(names) => {
+                assert_eq!(at - t0, PERIOD, "all due together, sent together");
+                sizes.push(names.len());
+                for name in names {
+                    assert!(renewed.insert(name), "a lease renewed twice");
+                }
+            }
+            Call::Renew(name) => panic!("{name} renewed on its own"),
+            _ => {}
+        }
+    }
+    sizes.sort_unstable();
+    assert_eq!(sizes, [500, super::MAX_BATCH, super::MAX_BATCH]);
+    assert_eq!(renewed.len(), 2500);
+    assert!(guards.iter().all(|g| g.is_valid()));
+}
