@@ -194,7 +194,9 @@ async fn advisory_round_trips(
         if ok {
             Ok(())
         } else {
-            Err(BoxError::from(format!("{name} was not acquired or renewed")))
+            Err(BoxError::from(format!(
+                "{name} was not acquired or renewed"
+            )))
         }
     };
     let acquire_release = per_op(counter, d, "acquire + release", n, |i| {
@@ -215,21 +217,27 @@ async fn advisory_round_trips(
     })
     .await?;
     let batch: Vec<(&str, Duration)> = names.iter().map(|n| (n.as_str(), TTL)).collect();
-    let with_batch = per_op(counter, d, "acquire all + renew_many + release all", 1, |_| {
-        let batch = &batch;
-        async move {
-            for name in names {
-                held(name, t.acquire(name, HOLDER, TTL).await?)?;
+    let with_batch = per_op(
+        counter,
+        d,
+        "acquire all + renew_many + release all",
+        1,
+        |_| {
+            let batch = &batch;
+            async move {
+                for name in names {
+                    held(name, t.acquire(name, HOLDER, TTL).await?)?;
+                }
+                if t.renew_many(HOLDER, batch).await?.iter().any(|r| !r) {
+                    return Err("renew_many lost a lease".into());
+                }
+                for name in names {
+                    t.release(name, HOLDER).await?;
+                }
+                Ok(())
             }
-            if t.renew_many(HOLDER, batch).await?.iter().any(|r| !r) {
-                return Err("renew_many lost a lease".into());
-            }
-            for name in names {
-                t.release(name, HOLDER).await?;
-            }
-            Ok(())
-        }
-    })
+        },
+    )
     .await?;
     rt.with_lease = per_op(counter, d, "with_lease", n, |_| async move {
         match lease.with_lease(wl_name, TTL, |_| async {}).await {
@@ -283,15 +291,17 @@ async fn singleton_job(lease: &Lease) {}
 
 /// The same, hand-written with `with_lease`.
 async fn with_lease_job(lease: &Lease) {
-    let _ = lease
-        .with_lease("bench-singleton", TTL, |_| async {})
-        .await;
+    let _ = lease.with_lease("bench-singleton", TTL, |_| async {}).await;
 }
 
 /// Median time of a `with_lease` cycle with an empty job, of the same
 /// cycle through `#[singleton]`, and of the floor, sampled in interleaved
 /// blocks so that a change of load affects all alike.
-pub(crate) async fn overhead(t: &Target, rounds: usize, block: usize) -> Result<Overhead, BoxError> {
+pub(crate) async fn overhead(
+    t: &Target,
+    rounds: usize,
+    block: usize,
+) -> Result<Overhead, BoxError> {
     let lease = t.lease(HOLDER);
     let mut redis_conn = None;
     let advisory = matches!(t, Target::PgAdvisory(..));

@@ -44,8 +44,12 @@ pub(crate) enum Counter {
         /// Commits of our own (the flushes), not to be counted.
         own: u64,
     },
-    MySql { monitor: MySqlPool },
-    Redis { conn: redis::aio::MultiplexedConnection },
+    MySql {
+        monitor: MySqlPool,
+    },
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+    },
     /// SQLite: no server to ask.
     None,
 }
@@ -64,7 +68,12 @@ impl Count {
         let by_command = self
             .by_command
             .iter()
-            .map(|(k, v)| (k.clone(), v - earlier.by_command.get(k).copied().unwrap_or(0)))
+            .map(|(k, v)| {
+                (
+                    k.clone(),
+                    v - earlier.by_command.get(k).copied().unwrap_or(0),
+                )
+            })
             .filter(|(_, v)| *v > 0)
             .collect();
         Count {
@@ -118,7 +127,10 @@ impl Counter {
                     let now = pg_xact(monitor).await?;
                     if now == last {
                         if std::env::var_os("LEASE_BENCH_DEBUG").is_some() {
-                            eprintln!("pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections", pool.size());
+                            eprintln!(
+                                "pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections",
+                                pool.size()
+                            );
                         }
                         return Ok(Count {
                             total: now - *own,
@@ -184,11 +196,10 @@ async fn pg_xact(monitor: &PgPool) -> Result<u64, BoxError> {
     sqlx::query("SELECT pg_stat_clear_snapshot()")
         .execute(monitor)
         .await?;
-    let n: i64 =
-        sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
-            .bind(BENCH_DB)
-            .fetch_one(monitor)
-            .await?;
+    let n: i64 = sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = $1")
+        .bind(BENCH_DB)
+        .fetch_one(monitor)
+        .await?;
     Ok(n as u64)
 }
 
@@ -311,7 +322,8 @@ impl Drop for PrivateRedis {
 
 /// Start a private `redis-server` (no persistence) on a free port of
 /// 127.0.0.1, and return it with a pool, a counter and its version.
-pub(crate) async fn redis() -> Result<(PrivateRedis, deadpool_redis::Pool, Counter, String), BoxError> {
+pub(crate) async fn redis()
+-> Result<(PrivateRedis, deadpool_redis::Pool, Counter, String), BoxError> {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.local_addr()?.port()
@@ -337,7 +349,10 @@ pub(crate) async fn redis() -> Result<(PrivateRedis, deadpool_redis::Pool, Count
         sleep(Duration::from_millis(50)).await;
     }
     let mut conn = conn.ok_or("the private redis-server did not come up")?;
-    let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
+        .await?;
     let version = info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))

@@ -98,12 +98,13 @@ return 0
 ";
 
 /// Hashed once, as the backend does.
-static SCRIPTS: std::sync::LazyLock<(redis::Script, redis::Script)> = std::sync::LazyLock::new(|| {
-    (
-        redis::Script::new(REDIS_ACQUIRE),
-        redis::Script::new(REDIS_RELEASE),
-    )
-});
+static SCRIPTS: std::sync::LazyLock<(redis::Script, redis::Script)> =
+    std::sync::LazyLock::new(|| {
+        (
+            redis::Script::new(REDIS_ACQUIRE),
+            redis::Script::new(REDIS_RELEASE),
+        )
+    });
 
 impl Target {
     pub(crate) fn label(&self) -> &'static str {
@@ -144,7 +145,12 @@ impl Target {
         }
     }
 
-    pub(crate) async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+    pub(crate) async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, Error> {
         Ok(match self {
             Target::Pg(b) => b.acquire(name, holder, ttl).await?,
             Target::MySql(b) => b.acquire(name, holder, ttl).await?,
@@ -155,7 +161,12 @@ impl Target {
         .is_some())
     }
 
-    pub(crate) async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+    pub(crate) async fn renew(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<bool, Error> {
         match self {
             Target::Pg(b) => b.renew(name, holder, ttl).await,
             Target::MySql(b) => b.renew(name, holder, ttl).await,
@@ -219,12 +230,7 @@ impl Target {
                     .arg(ttl_ms)
                     .invoke_async(conn)
                     .await?;
-                let _: i64 = SCRIPTS
-                    .1
-                    .key(&lock)
-                    .arg(holder)
-                    .invoke_async(conn)
-                    .await?;
+                let _: i64 = SCRIPTS.1.key(&lock).arg(holder).invoke_async(conn).await?;
                 Ok(fence > 0)
             }
             Target::PgAdvisory(_, pool) => {
@@ -398,10 +404,14 @@ impl<B: Backend> Backend for Counted<B> {
             self.calls.record(leases.len());
             self.inner.renew_many(holder, leases).await
         } else {
-            join_all(leases.iter().map(|&(name, ttl)| self.renew(name, holder, ttl)))
-                .await
-                .into_iter()
-                .collect()
+            join_all(
+                leases
+                    .iter()
+                    .map(|&(name, ttl)| self.renew(name, holder, ttl)),
+            )
+            .await
+            .into_iter()
+            .collect()
         }
     }
 }
