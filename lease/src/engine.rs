@@ -308,6 +308,33 @@ impl Engine {
         if !self.stop(entry) {
             return None;
         }
+        self.spawn_release(entry)
+    }
+
+    /// Stop renewing `entry` and release it here, in the caller's task: no
+    /// task is spawned and no other thread woken for the common case. If
+    /// this future is dropped before the backend has answered, the release
+    /// is sent again in a task of its own (releasing is idempotent), which
+    /// frees the name when done. `Ok` if it was already stopped.
+    pub(crate) async fn release_now(self: &Arc<Self>, entry: &Arc<Entry>) -> Result<(), Error> {
+        if !self.stop(entry) {
+            return Ok(());
+        }
+        let mut unfinished = Unfinished {
+            engine: self.clone(),
+            entry: Some(entry.clone()),
+        };
+        let result = self.send_release(&entry.name, entry.ttl).await;
+        unfinished.entry = None;
+        self.forget(&entry.name);
+        result
+    }
+
+    /// The release request of a stopped entry, in a task of its own.
+    fn spawn_release(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+    ) -> Option<JoinHandle<Result<(), Error>>> {
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) => handle,
             Err(_) => {
@@ -322,24 +349,32 @@ impl Engine {
         };
         let ttl = entry.ttl;
         Some(handle.spawn(async move {
-            let engine = &free.engine;
-            let limit = release_timeout(ttl);
-            let result = match timeout(limit, engine.backend.release(&free.name, &engine.holder)).await {
-                Ok(r) => r,
-                Err(_) => Err(Error::Timeout { operation: "release", after: limit }),
-            };
-            match &result {
-                Ok(()) => tracing::debug!(lease.name = %free.name, holder = %engine.holder, "lease released"),
-                Err(e) => tracing::warn!(
-                    lease.name = %free.name,
-                    holder = %engine.holder,
-                    error = %e,
-                    "lease release failed; it ends at its ttl"
-                ),
-            }
+            let result = free.engine.send_release(&free.name, ttl).await;
             drop(free);
             result
         }))
+    }
+
+    /// Ask the backend to release `name`, within the release timeout; log the outcome.
+    async fn send_release(&self, name: &str, ttl: Duration) -> Result<(), Error> {
+        let limit = release_timeout(ttl);
+        let result = match timeout(limit, self.backend.release(name, &self.holder)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout {
+                operation: "release",
+                after: limit,
+            }),
+        };
+        match &result {
+            Ok(()) => tracing::debug!(lease.name = %name, holder = %self.holder, "lease released"),
+            Err(e) => tracing::warn!(
+                lease.name = %name,
+                holder = %self.holder,
+                error = %e,
+                "lease release failed; it ends at its ttl"
+            ),
+        }
+        result
     }
 
     /// Keep `entry` (renewing it) until `at`, then release it in the
@@ -379,6 +414,21 @@ impl Drop for Reservation {
     fn drop(&mut self) {
         if let Some(name) = self.name.take() {
             self.engine.forget(&name);
+        }
+    }
+}
+
+/// A release under way in the caller's task ([`Engine::release_now`]): if
+/// it is dropped unfinished, the release is sent again in a task of its own.
+struct Unfinished {
+    engine: Arc<Engine>,
+    entry: Option<Arc<Entry>>,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            drop(self.engine.spawn_release(&entry));
         }
     }
 }

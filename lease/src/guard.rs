@@ -95,14 +95,16 @@ impl LeaseGuard {
     ///
     /// # Cancel safety
     ///
-    /// The release runs in a task of its own: dropping this future does not
-    /// stop it.
+    /// Dropping this future does not stop the release: if the backend has
+    /// not answered yet, the release is sent again in a task of its own
+    /// (releasing is idempotent), and this `Lease` can acquire the name again
+    /// once that task is done.
     pub async fn release(mut self) -> Result<(), Error> {
         self.disarmed = true;
-        match self.engine.release(&self.entry) {
-            Some(task) => task.await.map_err(|_| Error::EngineGone)?,
-            None => Ok(()),
-        }
+        let engine = self.engine.clone();
+        let entry = self.entry.clone();
+        drop(self);
+        engine.release_now(&entry).await
     }
 
     /// Keep the lease (renewing it) until `min_hold` has passed since it was
