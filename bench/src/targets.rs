@@ -26,7 +26,9 @@ pub(crate) enum Target {
 }
 
 const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at, fence) \
-     VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1) \
+     SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1 \
+     WHERE NOT EXISTS (SELECT 1 FROM task_leases \
+     WHERE name = $1 AND holder <> $2 AND expires_at > clock_timestamp()) \
      ON CONFLICT (name) DO UPDATE SET \
      holder = EXCLUDED.holder, \
      expires_at = EXCLUDED.expires_at, \

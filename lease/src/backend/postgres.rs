@@ -18,8 +18,17 @@ const TEMPLATES: Templates = Templates {
     // row, or extend our own live row. The fence counts acquisitions; only
     // the idempotent re-acquire of our own live lease keeps it. When the row
     // is held by someone else the WHERE fails and nothing is returned.
+    //
+    // The NOT EXISTS is a plain read that answers "held elsewhere" without
+    // touching the row: ON CONFLICT DO UPDATE locks the conflicting row
+    // before it evaluates its WHERE, and a row lock costs a transaction id,
+    // a WAL record and a WAL flush at commit — for every contender that
+    // finds the lease held, while the holder's release queues behind them.
+    // The locked WHERE below still decides when the read saw a free row.
     acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
-              VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1) \
+              SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1 \
+              WHERE NOT EXISTS (SELECT 1 FROM {table} \
+              WHERE name = $1 AND holder <> $2 AND expires_at > clock_timestamp()) \
               ON CONFLICT (name) DO UPDATE SET \
               holder = EXCLUDED.holder, \
               expires_at = EXCLUDED.expires_at, \
@@ -85,7 +94,9 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   restarts. Rows are never deleted by this crate; delete rows of names you
 ///   no longer use yourself, if ever (they are small).
 /// - **One statement per call**, in autocommit: acquire is a single
-///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`, renew
+///   `INSERT .. SELECT .. WHERE NOT EXISTS (live row of another holder)
+///   ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence` (the `NOT EXISTS`
+///   answers "held elsewhere" without locking the row), renew
 ///   and release are single `UPDATE`s matched on name, holder and expiry.
 ///   Renew never inserts a row.
 /// - **Batched renewals**: the renewals of many leases of one holder
