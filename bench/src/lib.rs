@@ -68,8 +68,18 @@ enum Which {
     None,
 }
 
-/// Run the benchmark and return the report (Markdown).
-pub async fn run(options: &Options) -> Result<String, BoxError> {
+/// What a run produced.
+#[derive(Debug)]
+pub struct Report {
+    /// The tables, in Markdown.
+    pub markdown: String,
+    /// Required properties the numbers break (round trips per operation,
+    /// batching, overhead target), one sentence each; empty when all hold.
+    pub violations: Vec<String>,
+}
+
+/// Run the benchmark and return the report.
+pub async fn run(options: &Options) -> Result<Report, BoxError> {
     let started = Instant::now();
     let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let uname = command_output("uname", &["-srvmo"]);
@@ -189,7 +199,58 @@ pub async fn run(options: &Options) -> Result<String, BoxError> {
         ],
         took: started.elapsed(),
     };
-    Ok(report(options, &machine, &all))
+    Ok(Report {
+        markdown: report(options, &machine, &all),
+        violations: violations(&all, options.quick),
+    })
+}
+
+/// The requirements, checked against the numbers.
+fn violations(all: &[Results], quick: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut expect = |label: &str, what: &str, got: f64, ok: bool| {
+        if !ok {
+            out.push(format!("{label}: {what} is {got:.2}"));
+        }
+    };
+    for r in all {
+        let l = r.label;
+        if let Some(rt) = &r.round_trips
+            && rt.details.iter().any(|(_, d, _)| d.total > 0)
+        {
+            let advisory = rt.acquire_with_release;
+            expect(l, "the floor's count (must be 2)", rt.floor, rt.floor == 2.0);
+            let acquire = if advisory { 2.0 } else { 1.0 };
+            expect(l, "acquire", rt.acquire, rt.acquire == acquire);
+            expect(l, "renew", rt.renew, rt.renew == 1.0);
+            if !advisory {
+                expect(l, "release", rt.release, rt.release == 1.0);
+                let new_max = if l == "MySqlTable" { 2.0 } else { 1.0 };
+                expect(l, "acquire of a new name", rt.acquire_new, rt.acquire_new <= new_max);
+                expect(l, "renew_many", rt.renew_many, rt.renew_many == 1.0);
+            }
+            expect(l, "with_lease (must be acquire + release)", rt.with_lease, rt.with_lease == 2.0);
+        }
+        if let Some(o) = &r.overhead
+            && !quick
+        {
+            let ratio = o.with_lease.median.as_secs_f64() / o.floor.median.as_secs_f64();
+            expect(l, "with_lease / floor", ratio, ratio <= 1.15);
+        }
+        for c in &r.scale {
+            expect(l, "leases renewed in the window", c.renewed as f64, c.renewed == c.leases as u64);
+            if c.batched && !matches!(l, "PgAdvisory") {
+                // Up to two rounds of batches when the acquisitions spread
+                // over more than half a renewal period.
+                let most = 2 * c.leases.div_ceil(1000) as u64;
+                expect(l, "renewal calls in the window", c.calls as f64, c.calls <= most);
+                if let Some(n) = c.server_requests {
+                    expect(l, "server requests in the window", n as f64, n <= most);
+                }
+            }
+        }
+    }
+    out
 }
 
 struct Machine {

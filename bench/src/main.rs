@@ -40,11 +40,14 @@ async fn main() -> Result<(), BoxError> {
         }
     }
     let report = run(&options).await?;
-    println!("{report}");
+    println!("{}", report.markdown);
     if let Some(path) = write {
         let doc = std::fs::read_to_string(&path).unwrap_or_default();
-        std::fs::write(&path, splice(&doc, &report))?;
+        std::fs::write(&path, splice(&doc, &report.markdown))?;
         eprintln!("wrote {path}");
+    }
+    for v in &report.violations {
+        eprintln!("NOT MET: {v}");
     }
     Ok(())
 }
