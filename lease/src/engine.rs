@@ -148,6 +148,12 @@ struct Names {
     slots: HashMap<Arc<str>, Slot>,
     /// A scheduler task is running for this engine.
     scheduler: bool,
+    /// When the scheduler will wake up next by itself (set under this lock
+    /// by each plan): a new lease due no earlier needs no wake-up call, so
+    /// acquiring thousands of leases does not re-plan thousands of times.
+    planned: Option<Instant>,
+    /// How many slots are `Held`.
+    held: usize,
 }
 
 /// The state behind one [`Lease`](crate::Lease) and all its clones.
@@ -252,16 +258,20 @@ impl Engine {
                 release_at: None,
             }),
         });
-        let start = {
+        let next_renew = t_send + renew_period(ttl);
+        let (start, wake) = {
             let mut names = self.names();
             names.slots.insert(name, Slot::Held(entry.clone()));
-            !std::mem::replace(&mut names.scheduler, true)
+            names.held += 1;
+            let running = std::mem::replace(&mut names.scheduler, true);
+            let on_time = names.planned.is_some_and(|at| at <= next_renew);
+            (!running, running && !on_time)
         };
         if start {
             // Never spawn while holding the lock: a runtime that is shutting
             // down drops the task (and runs its drop guard) inside `spawn`.
             tokio::spawn(Scheduler::new(self.clone()).run());
-        } else {
+        } else if wake {
             self.wake.notify_one();
         }
         entry
@@ -283,9 +293,16 @@ impl Engine {
             && matches!(slot, Slot::Held(e) if Arc::ptr_eq(e, entry))
         {
             *slot = Slot::Busy;
+            names.held -= 1;
         }
+        // The scheduler skips a stopped lease by itself; wake it only to let
+        // it exit when no lease is left (releasing thousands of leases must
+        // not re-plan thousands of times).
+        let last = names.held == 0;
         drop(names);
-        self.wake.notify_one();
+        if last {
+            self.wake.notify_one();
+        }
         true
     }
 
@@ -534,9 +551,9 @@ impl Scheduler {
         }
         if live.is_empty() {
             names.scheduler = false;
+            names.planned = None;
             return plan;
         }
-        drop(names);
         plan.live = true;
 
         let any_due = live.iter().any(|e| {
@@ -563,6 +580,8 @@ impl Scheduler {
                 plan.wake_at = plan.wake_at.min(t.next_renew);
             }
         }
+        // Still under the lock: a lease held from now on sees this.
+        names.planned = Some(plan.wake_at);
         plan
     }
 
@@ -636,6 +655,7 @@ impl Drop for Scheduler {
         // renew these leases any more, so their holders must stop now.
         let mut names = self.engine.names();
         names.scheduler = false;
+        names.planned = None;
         names.slots.retain(|_, slot| {
             let Slot::Held(entry) = slot else { return true };
             let mut t = entry.timing();
@@ -653,6 +673,11 @@ impl Drop for Scheduler {
             }
             true
         });
+        names.held = names
+            .slots
+            .values()
+            .filter(|slot| matches!(slot, Slot::Held(_)))
+            .count();
     }
 }
 
