@@ -45,7 +45,7 @@ pub struct Options {
     pub only: Vec<String>,
     /// The command line, for the report.
     pub command: String,
-    /// Only these sections (`rt`, `overhead`, `contention`, `scale`), if not empty.
+    /// Only these sections (`rt`, `overhead`, `contention`, `scale`, `engine`), if not empty.
     pub sections: Vec<String>,
 }
 
@@ -183,6 +183,14 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         all.push(r);
     }
     servers::mysql_restore(&my_counter, userstat_was_on).await;
+    let mut engine = Vec::new();
+    if options.sections.is_empty() || options.sections.iter().any(|x| x == "engine") {
+        for n in if q { vec![1_000] } else { vec![1_000, 10_000] } {
+            eprintln!("== engine only: {n} leases on Memory");
+            let (wall, acquire_cpu, release_cpu) = measure::engine_only(n).await?;
+            engine.push((n, wall, acquire_cpu, release_cpu));
+        }
+    }
 
     let machine = Machine {
         date,
@@ -200,7 +208,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         took: started.elapsed(),
     };
     Ok(Report {
-        markdown: report(options, &machine, &all),
+        markdown: report(options, &machine, &all, &engine),
         violations: violations(&all, options.quick),
     })
 }
@@ -219,17 +227,32 @@ fn violations(all: &[Results], quick: bool) -> Vec<String> {
             && rt.details.iter().any(|(_, d, _)| d.total > 0)
         {
             let advisory = rt.acquire_with_release;
-            expect(l, "the floor's count (must be 2)", rt.floor, rt.floor == 2.0);
+            expect(
+                l,
+                "the floor's count (must be 2)",
+                rt.floor,
+                rt.floor == 2.0,
+            );
             let acquire = if advisory { 2.0 } else { 1.0 };
             expect(l, "acquire", rt.acquire, rt.acquire == acquire);
             expect(l, "renew", rt.renew, rt.renew == 1.0);
             if !advisory {
                 expect(l, "release", rt.release, rt.release == 1.0);
                 let new_max = if l == "MySqlTable" { 2.0 } else { 1.0 };
-                expect(l, "acquire of a new name", rt.acquire_new, rt.acquire_new <= new_max);
+                expect(
+                    l,
+                    "acquire of a new name",
+                    rt.acquire_new,
+                    rt.acquire_new <= new_max,
+                );
                 expect(l, "renew_many", rt.renew_many, rt.renew_many == 1.0);
             }
-            expect(l, "with_lease (must be acquire + release)", rt.with_lease, rt.with_lease == 2.0);
+            expect(
+                l,
+                "with_lease (must be acquire + release)",
+                rt.with_lease,
+                rt.with_lease == 2.0,
+            );
         }
         if let Some(o) = &r.overhead
             && !quick
@@ -238,12 +261,22 @@ fn violations(all: &[Results], quick: bool) -> Vec<String> {
             expect(l, "with_lease / floor", ratio, ratio <= 1.15);
         }
         for c in &r.scale {
-            expect(l, "leases renewed in the window", c.renewed as f64, c.renewed == c.leases as u64);
+            expect(
+                l,
+                "leases renewed in the window",
+                c.renewed as f64,
+                c.renewed == c.leases as u64,
+            );
             if c.batched && !matches!(l, "PgAdvisory") {
                 // Up to two rounds of batches when the acquisitions spread
                 // over more than half a renewal period.
                 let most = 2 * c.leases.div_ceil(1000) as u64;
-                expect(l, "renewal calls in the window", c.calls as f64, c.calls <= most);
+                expect(
+                    l,
+                    "renewal calls in the window",
+                    c.calls as f64,
+                    c.calls <= most,
+                );
                 if let Some(n) = c.server_requests {
                     expect(l, "server requests in the window", n as f64, n <= most);
                 }
@@ -308,7 +341,12 @@ fn count(x: f64, counted: bool) -> String {
     }
 }
 
-fn report(options: &Options, m: &Machine, all: &[Results]) -> String {
+fn report(
+    options: &Options,
+    m: &Machine,
+    all: &[Results],
+    engine: &[(usize, f64, f64, f64)],
+) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -523,6 +561,25 @@ fn report(options: &Options, m: &Machine, all: &[Results]) -> String {
                 c.cpu_ms,
                 c.rss_kib_per_lease,
                 c.acquire_secs
+            );
+        }
+    }
+    if !engine.is_empty() {
+        let _ = writeln!(s, "\n### The engine alone (in-memory backend)\n");
+        let _ = writeln!(
+            s,
+            "One `Lease` on `Memory` acquires the leases, 64 at a time, then releases them: the engine's own cost, without a database.\n"
+        );
+        let _ = writeln!(
+            s,
+            "| leases | acquiring: wall | acquiring: CPU | CPU per acquisition | releasing: CPU |"
+        );
+        let _ = writeln!(s, "|---|---|---|---|---|");
+        for (n, wall, acq, rel) in engine {
+            let _ = writeln!(
+                s,
+                "| {n} | {wall:.0} ms | {acq:.0} ms | {:.1} µs | {rel:.0} ms |",
+                acq * 1e3 / *n as f64
             );
         }
     }

@@ -7,7 +7,7 @@
 
 use lease_bench::{BoxError, Options, run, splice};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale] [--write FILE]";
+const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,engine] [--write FILE]";
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {

@@ -610,3 +610,32 @@ pub(crate) fn cpu_ms() -> f64 {
     }
     ns as f64 / 1e6
 }
+
+/// The engine alone, on the in-memory backend: CPU and wall time to acquire
+/// `n` leases (64 at a time) through one `Lease`, and to release them.
+pub(crate) async fn engine_only(n: usize) -> Result<(f64, f64, f64), BoxError> {
+    let lease = Lease::with_holder(lease::backend::Memory::new(), HOLDER);
+    let names: Vec<String> = (0..n).map(|i| format!("engine-{i}")).collect();
+    let (cpu0, t0) = (cpu_ms(), Instant::now());
+    let guards: Vec<LeaseGuard> = stream::iter(names.iter())
+        .map(|name| {
+            let lease = lease.clone();
+            async move {
+                lease
+                    .try_acquire(name, TTL)
+                    .await?
+                    .ok_or_else(|| BoxError::from(format!("{name} is held elsewhere")))
+            }
+        })
+        .buffer_unordered(64)
+        .try_collect()
+        .await?;
+    let (cpu1, wall) = (cpu_ms(), t0.elapsed().as_secs_f64() * 1e3);
+    stream::iter(guards)
+        .map(|g| g.release())
+        .buffer_unordered(64)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let cpu2 = cpu_ms();
+    Ok((wall, cpu1 - cpu0, cpu2 - cpu1))
+}
