@@ -7,7 +7,7 @@
 //! It measures, for every server backend and `SqliteTable`, each figure next
 //! to a baseline measured in the same run:
 //!
-//! 1. round trips per operation, counted by the servers (see [`servers`]);
+//! 1. round trips per operation, counted by the servers themselves;
 //! 2. the overhead of a `with_lease` cycle (and of `#[singleton]`) over the
 //!    same statements sent directly on the same pool;
 //! 3. 64 contenders on one name and on 64 names;
