@@ -153,13 +153,13 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             r.contention
                 .push(measure::contention(target, counter, 64, one_name, d, &run_id).await?);
         }
-        let ttl = Duration::from_millis(if q { 1200 } else { 30_000 });
+        let ttl = Duration::from_millis(if q { 3_000 } else { 30_000 });
         let runs: Vec<(usize, bool)> = match (target, q) {
             _ if !section("scale") => vec![],
             // One connection per held lock: as many as the pool allows.
             (Target::PgAdvisory(..), true) => vec![(8, true)],
             (Target::PgAdvisory(..), false) => vec![(32, true)],
-            (_, true) => vec![(100, true), (100, false)],
+            (_, true) => vec![(50, true)],
             (_, false) => vec![
                 (1_000, true),
                 (1_000, false),
