@@ -131,10 +131,12 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// engine until the lease's local deadline, so a connection killed while a
 /// lease is held does not lose the lease.
 ///
-/// deadpool-redis checks every connection it hands out with a `PING`, so a
-/// call costs two round trips, and a renewal must answer within `ttl/3`:
-/// choose a ttl above six times the worst round trip to Redis (the fault
-/// suite, `docs/RELIABILITY.md`, shows leases lost at a round trip of `ttl/6`).
+/// A call therefore costs one round trip (plus `SCRIPT LOAD` the first time
+/// on a server), and a renewal must answer within `ttl/3`: choose a ttl well
+/// above three times the worst round trip to Redis. (The fault suite's
+/// results in `docs/RELIABILITY.md`, leases lost at a round trip of `ttl/6`,
+/// were measured when every call still checked a connection out of the pool,
+/// which deadpool-redis does with a `PING`: two round trips per call.)
 ///
 /// When Redis is unreachable, [`Lease::try_acquire`](crate::Lease::try_acquire)
 /// returns `Err` within this timeout or the engine's acquire limit

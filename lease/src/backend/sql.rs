@@ -29,6 +29,7 @@ pub(crate) const LIST_SIZES: [usize; 11] =
 
 /// The index in [`LIST_SIZES`] of the shortest list that takes `n` leases
 /// (`1 ..= RENEW_MANY_CHUNK`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
 pub(crate) fn list_size(n: usize) -> usize {
     LIST_SIZES
         .iter()
@@ -66,6 +67,7 @@ pub(crate) struct Statements {
     /// One per length in [`LIST_SIZES`], or a single statement.
     pub(crate) renew_many: Arc<[Arc<str>]>,
     /// Like `renew_many` (MySQL only, else empty).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(crate) renewed_many: Arc<[Arc<str>]>,
 }
 
@@ -185,6 +187,11 @@ mod tests {
         let s = Statements::new(&arrays, "t").expect("valid");
         assert_eq!(s.renew_many.len(), 1);
         assert_eq!(&*s.renew_many[0], "MANY t $1");
+    }
+
+    #[test]
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn batches_are_padded_to_the_next_list_size() {
         assert_eq!(list_size(1), 0);
         assert_eq!(list_size(3), 2);
         assert_eq!(list_size(512), 9);
