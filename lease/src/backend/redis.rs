@@ -355,10 +355,16 @@ impl Redis {
         };
         match tokio::time::timeout(self.timeout, attempt).await {
             Ok(result) => result,
-            Err(_) => Err(Error::Timeout {
-                operation,
-                after: self.timeout,
-            }),
+            Err(_) => {
+                // A connection that leaves a call unanswered (a black hole, a
+                // half-open socket) is not trusted again: the next call takes
+                // a fresh one from the pool.
+                self.cached().take();
+                Err(Error::Timeout {
+                    operation,
+                    after: self.timeout,
+                })
+            }
         }
     }
 
