@@ -337,20 +337,59 @@ impl Engine {
         if !self.stop(entry) {
             return Ok(());
         }
+        let sent_at = Instant::now();
         let mut unfinished = Unfinished {
             engine: self.clone(),
             entry: Some(entry.clone()),
+            sent_at,
         };
         let result = self.send_release(&entry.name, entry.ttl).await;
         unfinished.entry = None;
-        self.forget(&entry.name);
+        self.settle(&entry.name, result.is_ok(), sent_at + entry.ttl);
         result
+    }
+
+    /// Free `name` after its release: at once if the backend confirmed it;
+    /// otherwise (an error, a timeout, a request dropped on the way) not
+    /// before `until` = when the release was sent + ttl.
+    ///
+    /// A release whose fate is unknown may still reach the backend later. If
+    /// this `Lease` took the name again meanwhile, that late release would
+    /// end the new lease behind its back — and another holder could take it
+    /// before the next renewal noticed. By `until` the old lease has ended
+    /// on the server anyway (its last renewal was sent before the release),
+    /// so waiting costs nothing that the expiry does not cost already.
+    fn settle(self: &Arc<Self>, name: &Arc<str>, confirmed: bool, until: Instant) {
+        if confirmed || Instant::now() >= until {
+            self.forget(name);
+            return;
+        }
+        let free = Forget::new(self.clone(), name.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => drop(handle.spawn(async move {
+                sleep_until(until).await;
+                drop(free);
+            })),
+            // No runtime to wait on: free it now (dropping `free`).
+            Err(_) => drop(free),
+        }
     }
 
     /// The release request of a stopped entry, in a task of its own.
     fn spawn_release(
         self: &Arc<Self>,
         entry: &Arc<Entry>,
+    ) -> Option<JoinHandle<Result<(), Error>>> {
+        self.spawn_release_after(entry, None)
+    }
+
+    /// [`spawn_release`](Self::spawn_release), for a release that was sent
+    /// before, at `earlier`, with unknown fate: the name then stays taken
+    /// until `earlier + ttl` whatever the new request's outcome.
+    fn spawn_release_after(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+        earlier: Option<Instant>,
     ) -> Option<JoinHandle<Result<(), Error>>> {
         let handle = match tokio::runtime::Handle::try_current() {
             Ok(handle) => handle,
@@ -360,14 +399,16 @@ impl Engine {
                 return None;
             }
         };
-        let free = Forget {
-            engine: self.clone(),
-            name: entry.name.clone(),
-        };
+        let free = Forget::new(self.clone(), entry.name.clone());
         let ttl = entry.ttl;
         Some(handle.spawn(async move {
+            let sent_at = earlier.unwrap_or_else(Instant::now);
             let result = free.engine.send_release(&free.name, ttl).await;
-            drop(free);
+            let confirmed = result.is_ok() && earlier.is_none();
+            // `settle` takes over freeing the name; on a runtime shutdown
+            // before this point, dropping `free` frees it.
+            let (engine, name) = free.defuse();
+            engine.settle(&name, confirmed, sent_at + ttl);
             result
         }))
     }
@@ -440,12 +481,13 @@ impl Drop for Reservation {
 struct Unfinished {
     engine: Arc<Engine>,
     entry: Option<Arc<Entry>>,
+    sent_at: Instant,
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
-            drop(self.engine.spawn_release(&entry));
+            drop(self.engine.spawn_release_after(&entry, Some(self.sent_at)));
         }
     }
 }
@@ -455,11 +497,30 @@ impl Drop for Unfinished {
 struct Forget {
     engine: Arc<Engine>,
     name: Arc<str>,
+    armed: bool,
+}
+
+impl Forget {
+    fn new(engine: Arc<Engine>, name: Arc<str>) -> Self {
+        Self {
+            engine,
+            name,
+            armed: true,
+        }
+    }
+
+    /// Hand the freeing over to the caller.
+    fn defuse(mut self) -> (Arc<Engine>, Arc<str>) {
+        self.armed = false;
+        (self.engine.clone(), self.name.clone())
+    }
 }
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        self.engine.forget(&self.name);
+        if self.armed {
+            self.engine.forget(&self.name);
+        }
     }
 }
 

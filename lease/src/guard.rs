@@ -91,14 +91,18 @@ impl LeaseGuard {
     /// # Errors
     ///
     /// The backend's error if it could not be reached (the lease then ends
-    /// at its ttl), or [`Error::Timeout`] after `min(ttl, 30 s)`.
+    /// at its ttl), or [`Error::Timeout`] after `min(ttl, 30 s)`. Since such
+    /// a release may still reach the backend later, this `Lease` does not
+    /// take the name again until a ttl after the release was sent (by then
+    /// the old lease has ended in any case): a late release must not end a
+    /// newer lease behind its holder's back.
     ///
     /// # Cancel safety
     ///
     /// Dropping this future does not stop the release: if the backend has
     /// not answered yet, the release is sent again in a task of its own
-    /// (releasing is idempotent), and this `Lease` can acquire the name again
-    /// once that task is done.
+    /// (releasing is idempotent). As the first request may still arrive
+    /// late, this `Lease` can acquire the name again a ttl after it was sent.
     pub async fn release(mut self) -> Result<(), Error> {
         self.disarmed = true;
         let engine = self.engine.clone();

@@ -112,7 +112,7 @@ impl Lease {
     /// The lease is released when `f` returns, when `f` panics (the panic
     /// then continues), and when this future is dropped while `f` runs (in
     /// the background). A failed release is logged; the lease then ends when
-    /// its ttl runs out.
+    /// its ttl runs out, and this `Lease` skips `name` until then.
     ///
     /// # Examples
     ///

@@ -46,6 +46,8 @@ struct Script {
     then: Option<Step>,
     calls: Vec<(Instant, Call)>,
     fence: u64,
+    /// What releases do (default: answer at once).
+    release: Option<Step>,
 }
 
 /// A backend whose acquisitions always succeed and whose renewals follow a script.
@@ -120,7 +122,11 @@ impl Backend for Scripted {
 
     async fn release(&self, name: &str, _holder: &str) -> Result<(), Error> {
         self.record(Call::Release(name.into()));
-        Ok(())
+        let step = self.0.lock().unwrap().release.clone();
+        match step {
+            None => Ok(()),
+            Some(step) => run(step).await.map(drop),
+        }
     }
 
     async fn renew_many(
@@ -601,4 +607,57 @@ async fn a_large_batch_is_split_into_calls_of_at_most_max_batch() {
     assert_eq!(sizes, [500, super::MAX_BATCH, super::MAX_BATCH]);
     assert_eq!(renewed.len(), 2500);
     assert!(guards.iter().all(|g| g.is_valid()));
+}
+
+impl Scripted {
+    fn releases(self, step: Step) -> Self {
+        self.0.lock().unwrap().release = Some(step);
+        self
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_failed_release_the_name_stays_taken_for_a_ttl() {
+    // The failed release may still reach the backend later; had this Lease
+    // taken the name again meanwhile, it would end the new lease behind its
+    // back. So the name stays taken until the old lease has ended anyway.
+    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Fail);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let t_release = Instant::now();
+    assert!(guard.release().await.is_err());
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_none());
+    sleep_until(t_release + TTL - ms(1)).await;
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_none());
+    sleep_until(t_release + TTL).await;
+    tokio::task::yield_now().await;
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_release_frees_the_name_at_once() {
+    let backend = Scripted::new([], Step::Answer(true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    guard.release().await.unwrap();
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_release_is_sent_again_and_keeps_the_name_for_a_ttl() {
+    // The first release is cut off in flight; it is sent again in the
+    // background. Even though the second one succeeds, the first may still
+    // land, so the name stays taken until a ttl after it was sent.
+    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Slow(ms(50), true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let t_release = Instant::now();
+    assert!(tokio::time::timeout(ms(10), guard.release()).await.is_err());
+    sleep(ms(100)).await; // the second release has answered by now
+    let releases = backend.times(t_release, |c| matches!(c, Call::Release(_)));
+    assert_eq!(releases, vec![ms(0), ms(10)]);
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_none());
+    sleep_until(t_release + TTL).await;
+    tokio::task::yield_now().await;
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
