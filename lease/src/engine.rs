@@ -9,6 +9,10 @@
 //!   computed from the time the reply arrives.
 //! - A renewal is due `ttl/3` after the last successful request was sent. Each
 //!   attempt is given at most `min(ttl/3, deadline - now)`.
+//! - The deadline is kept on the wall clock too, and a lease whose deadline
+//!   has passed by either clock is lost: Linux's monotonic clock stops while
+//!   the machine is suspended, the wall clock does not (and a jump of the
+//!   wall clock backward is caught by the monotonic one).
 //! - `Ok(false)` (definitely lost): the token is cancelled at once.
 //! - `Err` or timeout: retried after a short backoff; the token is cancelled
 //!   when `now >= deadline`, by the scheduler's own timer, whatever renewal
@@ -24,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
@@ -90,12 +94,62 @@ struct Timing {
     state: State,
     /// Local deadline: the token is cancelled when `now >= deadline`.
     deadline: Instant,
+    /// The same deadline on the wall clock, which keeps running while the
+    /// machine is suspended (the monotonic clock does not, on Linux).
+    wall_deadline: SystemTime,
     next_renew: Instant,
     /// Failed renewals in a row.
     failures: u32,
     in_flight: bool,
     /// Release the lease at this instant unless released earlier (`min_hold`).
     release_at: Option<Instant>,
+}
+
+impl Timing {
+    /// The deadline has passed by either clock: the monotonic one, or the
+    /// wall clock (after a suspend of the machine, or a jump of its clock
+    /// forward; a jump backward is caught by the monotonic one).
+    fn passed(&self, now: Instant, wall: SystemTime) -> bool {
+        now >= self.deadline || wall >= self.wall_deadline
+    }
+
+    /// Extend the deadline after a successful request sent at `sent`.
+    fn extend(&mut self, sent: Stamp, ttl: Duration) {
+        self.deadline = self.deadline.max(sent.mono + ttl - margin(ttl));
+        self.wall_deadline = self.wall_deadline.max(sent.wall + ttl - margin(ttl));
+    }
+}
+
+/// When a request was sent, by both clocks.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    mono: Instant,
+    wall: SystemTime,
+}
+
+impl Stamp {
+    fn now() -> Self {
+        Self {
+            mono: Instant::now(),
+            wall: wall_now(),
+        }
+    }
+}
+
+/// The wall clock. Tests shift it to simulate a suspended machine.
+#[cfg(not(test))]
+fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+#[cfg(test)]
+thread_local! {
+    static WALL_SHIFT: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+#[cfg(test)]
+fn wall_now() -> SystemTime {
+    SystemTime::now() + WALL_SHIFT.get()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,10 +167,13 @@ impl Entry {
         lock(&self.timing)
     }
 
-    /// Valid = not lost, not released, and before the local deadline, by the clock now.
+    /// Valid = not lost, not released, and before the local deadline, by the
+    /// clocks now.
     pub(crate) fn is_valid(&self) -> bool {
         let t = self.timing();
-        t.state == State::Live && Instant::now() < t.deadline && !self.token.is_cancelled()
+        t.state == State::Live
+            && !t.passed(Instant::now(), wall_now())
+            && !self.token.is_cancelled()
     }
 
     /// Mark the lease lost and tell its holder.
@@ -216,7 +273,7 @@ impl Engine {
     ) -> Result<Option<Arc<Entry>>, Error> {
         let name = reservation.name();
         let limit = acquire_timeout(ttl);
-        let t_send = Instant::now();
+        let sent = Stamp::now();
         let grant = match timeout(limit, self.backend.acquire(name, &self.holder, ttl)).await {
             Ok(Ok(Some(grant))) => grant,
             Ok(Ok(None)) => return Ok(None),
@@ -228,7 +285,7 @@ impl Engine {
                 });
             }
         };
-        Ok(Some(self.hold(reservation, ttl, grant, t_send)))
+        Ok(Some(self.hold(reservation, ttl, grant, sent)))
     }
 
     /// Turn a reservation into a held lease and hand it to the scheduler.
@@ -237,8 +294,9 @@ impl Engine {
         mut reservation: Reservation,
         ttl: Duration,
         grant: Grant,
-        t_send: Instant,
+        sent: Stamp,
     ) -> Arc<Entry> {
+        let t_send = sent.mono;
         let name = reservation
             .name
             .take()
@@ -252,6 +310,7 @@ impl Engine {
             timing: Mutex::new(Timing {
                 state: State::Live,
                 deadline: t_send + ttl - margin(ttl),
+                wall_deadline: sent.wall + ttl - margin(ttl),
                 next_renew: t_send + renew_period(ttl),
                 failures: 0,
                 in_flight: false,
@@ -527,7 +586,7 @@ impl Drop for Forget {
 /// A batch of renewals sent together, and its result.
 struct Sent {
     entries: Vec<Arc<Entry>>,
-    t_send: Instant,
+    sent: Stamp,
     result: Result<Vec<bool>, Error>,
 }
 
@@ -553,7 +612,8 @@ impl Scheduler {
         let mut in_flight = FuturesUnordered::new();
         loop {
             let now = Instant::now();
-            let plan = self.plan(now);
+            let wall = wall_now();
+            let plan = self.plan(now, wall);
             for entry in &plan.release {
                 engine.release(entry);
             }
@@ -565,7 +625,7 @@ impl Scheduler {
             let mut due = plan.due;
             while !due.is_empty() {
                 let rest = due.split_off(due.len().min(MAX_BATCH));
-                in_flight.push(send(engine.clone(), due, now));
+                in_flight.push(send(engine.clone(), due, Stamp { mono: now, wall }));
                 due = rest;
             }
             tokio::select! {
@@ -581,7 +641,7 @@ impl Scheduler {
     /// the ones due for renewal or release, and find the next instant to wake
     /// up. `plan.live` is false (and the scheduler flag cleared) when no
     /// lease is left to renew.
-    fn plan(&self, now: Instant) -> Plan {
+    fn plan(&self, now: Instant, wall: SystemTime) -> Plan {
         let engine = &self.engine;
         let mut plan = Plan {
             live: false,
@@ -594,7 +654,7 @@ impl Scheduler {
         for slot in names.slots.values() {
             let Slot::Held(entry) = slot else { continue };
             let mut t = entry.timing();
-            if t.state == State::Live && now >= t.deadline {
+            if t.state == State::Live && t.passed(now, wall) {
                 entry.lose(
                     &mut t,
                     &engine.holder,
@@ -648,7 +708,7 @@ impl Scheduler {
 
     /// Record the outcome of a batch of renewals.
     fn apply(&self, mut sent: Sent) {
-        let now = Instant::now();
+        let (now, wall) = (Instant::now(), wall_now());
         let holder = &*self.engine.holder;
         if let Ok(v) = &sent.result
             && v.len() != sent.entries.len()
@@ -666,7 +726,7 @@ impl Scheduler {
             if t.state != State::Live {
                 continue;
             }
-            if now >= t.deadline {
+            if t.passed(now, wall) {
                 entry.lose(
                     &mut t,
                     holder,
@@ -676,8 +736,8 @@ impl Scheduler {
             }
             match sent.result.as_ref().map(|v| v[i]) {
                 Ok(true) => {
-                    t.deadline = t.deadline.max(sent.t_send + entry.ttl - margin(entry.ttl));
-                    t.next_renew = sent.t_send + renew_period(entry.ttl);
+                    t.extend(sent.sent, entry.ttl);
+                    t.next_renew = sent.sent.mono + renew_period(entry.ttl);
                     t.failures = 0;
                     tracing::trace!(lease.name = %entry.name, holder, "lease renewed");
                 }
@@ -750,7 +810,8 @@ struct Plan {
 }
 
 /// Send one batch of renewals, within `min(ttl/3, deadline - now)` of its tightest lease.
-async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, t_send: Instant) -> Sent {
+async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, sent: Stamp) -> Sent {
+    let t_send = sent.mono;
     let limit = entries
         .iter()
         .map(|e| renew_period(e.ttl).min(e.timing().deadline.saturating_duration_since(t_send)))
@@ -778,7 +839,7 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, t_send: Instant) ->
     };
     Sent {
         entries,
-        t_send,
+        sent,
         result,
     }
 }

@@ -661,3 +661,22 @@ async fn a_dropped_release_is_sent_again_and_keeps_the_name_for_a_ttl() {
     tokio::task::yield_now().await;
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_suspended_machine_wakes_up_with_its_leases_invalid() {
+    // On Linux the monotonic clock stops while the machine is suspended; the
+    // wall clock does not. Simulate a suspend of 10 ttls: the wall clock jumps,
+    // tokio's clock does not move.
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(100)).await;
+    assert!(guard.is_valid());
+    super::WALL_SHIFT.set(TTL * 10);
+    assert!(!guard.is_valid(), "is_valid reads the wall clock too");
+    // The token fires when the scheduler next looks, at the renewal that was
+    // due anyway — without renewing a lease that may be someone else's by now.
+    assert_eq!(cancelled_after(&guard, t0).await, PERIOD);
+    super::WALL_SHIFT.set(Duration::ZERO);
+}
