@@ -47,6 +47,10 @@ pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 /// that no statement grows without bound and each call has its own timeout.
 pub(crate) const MAX_BATCH: usize = 1000;
 
+/// How long the scheduler stays after its last lease has ended before it
+/// exits, so that a job run in a loop does not start one per run.
+const LINGER: Duration = Duration::from_secs(1);
+
 /// Safety margin subtracted from the ttl for the local deadline: `ttl/100 + 2ms`.
 pub(crate) fn margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
@@ -354,14 +358,9 @@ impl Engine {
             *slot = Slot::Busy;
             names.held -= 1;
         }
-        // The scheduler skips a stopped lease by itself; wake it only to let
-        // it exit when no lease is left (releasing thousands of leases must
-        // not re-plan thousands of times).
-        let last = names.held == 0;
+        // The scheduler skips a stopped lease by itself, and exits by itself
+        // a while after the last one: no need to wake it.
         drop(names);
-        if last {
-            self.wake.notify_one();
-        }
         true
     }
 
@@ -591,7 +590,9 @@ struct Sent {
 }
 
 /// The renewal task of one engine. It runs while the engine holds at least
-/// one live lease, and exits when none is left (a new one starts it again).
+/// one live lease, and exits a while ([`LINGER`]) after none is left (a new
+/// one starts it again). A release does not wake it: it notices at its next
+/// planned wake-up, which saves a cross-thread wake-up per release.
 struct Scheduler {
     engine: Arc<Engine>,
     /// Set when the loop ends normally; otherwise the task was dropped
@@ -610,17 +611,24 @@ impl Scheduler {
     async fn run(mut self) {
         let engine = self.engine.clone();
         let mut in_flight = FuturesUnordered::new();
+        // Since when no lease has been live.
+        let mut idle_since: Option<Instant> = None;
         loop {
             let now = Instant::now();
             let wall = wall_now();
-            let plan = self.plan(now, wall);
+            let plan = self.plan(now, wall, idle_since.unwrap_or(now) + LINGER);
             for entry in &plan.release {
                 engine.release(entry);
             }
-            if !plan.live {
+            if plan.exit {
                 self.finished = true;
                 return;
             }
+            idle_since = if plan.live {
+                None
+            } else {
+                idle_since.or(Some(now))
+            };
             // At most `MAX_BATCH` leases per call, the calls sent together.
             let mut due = plan.due;
             while !due.is_empty() {
@@ -641,9 +649,10 @@ impl Scheduler {
     /// the ones due for renewal or release, and find the next instant to wake
     /// up. `plan.live` is false (and the scheduler flag cleared) when no
     /// lease is left to renew.
-    fn plan(&self, now: Instant, wall: SystemTime) -> Plan {
+    fn plan(&self, now: Instant, wall: SystemTime, linger_until: Instant) -> Plan {
         let engine = &self.engine;
         let mut plan = Plan {
+            exit: false,
             live: false,
             due: Vec::new(),
             release: Vec::new(),
@@ -671,8 +680,16 @@ impl Scheduler {
             }
         }
         if live.is_empty() {
-            names.scheduler = false;
-            names.planned = None;
+            if linger_until > now {
+                // Linger a while: a job run in a loop acquires again soon,
+                // and finding the scheduler still running saves starting one.
+                plan.wake_at = linger_until;
+                names.planned = Some(linger_until);
+            } else {
+                names.scheduler = false;
+                names.planned = None;
+                plan.exit = true;
+            }
             return plan;
         }
         plan.live = true;
@@ -803,6 +820,8 @@ impl Drop for Scheduler {
 }
 
 struct Plan {
+    /// Nothing live, and lingered long enough: the scheduler exits.
+    exit: bool,
     live: bool,
     due: Vec<Arc<Entry>>,
     release: Vec<Arc<Entry>>,
