@@ -63,6 +63,7 @@ struct Results {
 #[derive(Clone, Copy)]
 enum Which {
     Pg,
+    PgAdvisory,
     MySql,
     Redis,
     None,
@@ -86,6 +87,9 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
     let load_before = load_average();
 
     let (pg_pool, mut pg_counter, pg_version) = servers::postgres().await?;
+    // A pool of its own: the `PgTable` runs leave theirs full of connections
+    // whose statistics would count in `PgAdvisory`'s readings.
+    let (advisory_pool, mut advisory_counter, _) = servers::postgres().await?;
     let pg_table = servers::pg_table(&pg_pool).await?;
     let (my_pool, mut my_counter, my_version, userstat_was_on) = servers::mysql().await?;
     let my_table = MySqlTable::new(my_pool.clone());
@@ -107,8 +111,8 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             Which::Redis,
         ),
         (
-            Target::PgAdvisory(PgAdvisory::new(pg_pool.clone()), pg_pool),
-            Which::Pg,
+            Target::PgAdvisory(PgAdvisory::new(advisory_pool.clone()), advisory_pool),
+            Which::PgAdvisory,
         ),
     ];
     let run_id = format!("run{:x}", std::process::id());
@@ -121,6 +125,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         }
         let counter = match (which, q) {
             (Which::Pg, false) => &mut pg_counter,
+            (Which::PgAdvisory, false) => &mut advisory_counter,
             (Which::MySql, _) => &mut my_counter,
             (Which::Redis, _) => &mut redis_counter,
             _ => &mut no_counter,
