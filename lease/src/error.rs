@@ -84,10 +84,6 @@ pub enum Error {
     #[error("no tokio runtime: lease must be used inside a tokio runtime")]
     NoRuntime,
 
-    /// The backend task ended before it answered (for example its runtime shut down).
-    #[error("the lease engine's background task ended before answering")]
-    EngineGone,
-
     /// A SQL backend (`PgTable`, `PgAdvisory`, `MySqlTable`, `SqliteTable`) failed.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     #[cfg_attr(
