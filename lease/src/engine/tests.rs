@@ -663,6 +663,43 @@ async fn a_dropped_release_is_sent_again_and_keeps_the_name_for_a_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_hanging_release_times_out_on_the_schedulers_timer() {
+    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Hang);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(100)).await;
+    let t_release = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                operation: "release",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(Instant::now() - t_release, super::release_timeout(TTL));
+    // A ttl after it was sent, the old lease has ended anyway: the name is free.
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_release_times_out_after_the_scheduler_has_gone() {
+    // The lease is lost at its first renewal; the scheduler lingers and exits.
+    let backend = Scripted::new([], Step::Answer(false)).releases(Step::Hang);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(PERIOD + super::LINGER + ms(100)).await;
+    assert!(!guard.is_valid());
+    let t_release = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert_eq!(Instant::now() - t_release, super::release_timeout(TTL));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_suspended_machine_wakes_up_with_its_leases_invalid() {
     // On Linux the monotonic clock stops while the machine is suspended; the
     // wall clock does not. Simulate a suspend of 10 ttls: the wall clock jumps,
