@@ -569,6 +569,35 @@ fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
 }
 
 #[test]
+fn a_release_timed_by_a_scheduler_whose_runtime_shuts_down_ends_at_once() {
+    // The scheduler runs on runtime `a`; the release waits on runtime `b`,
+    // its time limit kept by that scheduler. When `a` shuts down, the
+    // release must end (as timed out) rather than wait forever.
+    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Hang);
+    let lease = Lease::with_holder(backend, "a");
+    let a = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let guard = a.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
+    let b = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let shutdown = std::thread::spawn(move || {
+        std::thread::sleep(ms(100));
+        drop(a);
+    });
+    let t0 = std::time::Instant::now();
+    let err = b.block_on(guard.release()).unwrap_err();
+    shutdown.join().unwrap();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    // Generous: the release's own limit would be the ttl, 3 s.
+    assert!(t0.elapsed() < ms(2500), "{:?}", t0.elapsed());
+}
+
+#[test]
 fn outside_a_runtime_acquire_is_an_error() {
     let lease = Lease::with_holder(Memory::new(), "a");
     let err = futures_util::FutureExt::now_or_never(lease.try_acquire("job", TTL))
