@@ -382,6 +382,20 @@ async fn run(args: Args) -> Result<(), String> {
                 .await
                 .map_err(err)?;
         }
+        if !end.valid_end && cancelled_at.load(Ordering::SeqCst) == 0 {
+            // `is_valid()` turns false by the clock at the deadline, and the
+            // engine's task cancels the token when its timer fires for that
+            // same instant: this loop may get there first. Wait for the
+            // token (the watcher task may not have run yet either); if it
+            // does not come, `t_cancel` stays empty and the run fails.
+            if tokio::time::timeout(Duration::from_millis(500), token.cancelled())
+                .await
+                .is_ok()
+            {
+                let _ =
+                    cancelled_at.compare_exchange(0, now_us(), Ordering::SeqCst, Ordering::SeqCst);
+            }
+        }
         let cancelled = cancelled_at.load(Ordering::SeqCst);
         end.t_cancel = (cancelled > 0).then_some(cancelled);
         watcher.abort();
