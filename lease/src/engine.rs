@@ -35,7 +35,6 @@ use std::time::{Duration, SystemTime};
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
@@ -388,17 +387,12 @@ impl Engine {
     }
 
     /// Stop renewing `entry` and release it in a task of its own, which frees
-    /// the name when done even if nobody awaits the returned handle. `None`
-    /// if it was already stopped, or if no runtime is available (the name is
-    /// then freed at once and the lease ends at its ttl).
-    pub(crate) fn release(
-        self: &Arc<Self>,
-        entry: &Arc<Entry>,
-    ) -> Option<JoinHandle<Result<(), Error>>> {
-        if !self.stop(entry) {
-            return None;
+    /// the name when done. Nothing if it was already stopped; without a
+    /// runtime, the name is freed at once and the lease ends at its ttl.
+    pub(crate) fn release(self: &Arc<Self>, entry: &Arc<Entry>) {
+        if self.stop(entry) {
+            self.spawn_release_after(entry, None);
         }
-        self.spawn_release(entry)
     }
 
     /// Stop renewing `entry` and release it here, in the caller's task: no
@@ -448,33 +442,19 @@ impl Engine {
         }
     }
 
-    /// The release request of a stopped entry, in a task of its own.
-    fn spawn_release(
-        self: &Arc<Self>,
-        entry: &Arc<Entry>,
-    ) -> Option<JoinHandle<Result<(), Error>>> {
-        self.spawn_release_after(entry, None)
-    }
-
-    /// [`spawn_release`](Self::spawn_release), for a release that was sent
-    /// before, at `earlier`, with unknown fate: the name then stays taken
-    /// until `earlier + ttl` whatever the new request's outcome.
-    fn spawn_release_after(
-        self: &Arc<Self>,
-        entry: &Arc<Entry>,
-        earlier: Option<Instant>,
-    ) -> Option<JoinHandle<Result<(), Error>>> {
-        let handle = match tokio::runtime::Handle::try_current() {
-            Ok(handle) => handle,
-            Err(_) => {
-                tracing::debug!(lease.name = %entry.name, "no tokio runtime to release on; the lease ends at its ttl");
-                self.forget(&entry.name);
-                return None;
-            }
+    /// The release request of a stopped entry, in a task of its own. With
+    /// `earlier`, a release was sent before, at that instant, with unknown
+    /// fate: the name then stays taken until `earlier + ttl` whatever the new
+    /// request's outcome.
+    fn spawn_release_after(self: &Arc<Self>, entry: &Arc<Entry>, earlier: Option<Instant>) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(lease.name = %entry.name, "no tokio runtime to release on; the lease ends at its ttl");
+            self.forget(&entry.name);
+            return;
         };
         let free = Forget::new(self.clone(), entry.name.clone());
         let ttl = entry.ttl;
-        Some(handle.spawn(async move {
+        drop(handle.spawn(async move {
             let sent_at = earlier.unwrap_or_else(Instant::now);
             let result = free.engine.send_release(&free.name, ttl).await;
             let confirmed = result.is_ok() && earlier.is_none();
@@ -482,8 +462,7 @@ impl Engine {
             // before this point, dropping `free` frees it.
             let (engine, name) = free.defuse();
             engine.settle(&name, confirmed, sent_at + ttl);
-            result
-        }))
+        }));
     }
 
     /// Ask the backend to release `name`, within the release timeout; log the outcome.
@@ -604,7 +583,7 @@ struct Unfinished {
 impl Drop for Unfinished {
     fn drop(&mut self) {
         if let Some(entry) = self.entry.take() {
-            drop(self.engine.spawn_release_after(&entry, Some(self.sent_at)));
+            self.engine.spawn_release_after(&entry, Some(self.sent_at));
         }
     }
 }

@@ -133,7 +133,7 @@ impl Drop for LeaseGuard {
     fn drop(&mut self) {
         if !self.disarmed {
             // Spawns the release; never blocks.
-            drop(self.engine.release(&self.entry));
+            self.engine.release(&self.entry);
         }
     }
 }
