@@ -4,13 +4,14 @@
 //! The SQL and Lua here are copies of the backends' own (`lease/src/backend/`)
 //! for the default table `task_leases`; keep them in step.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
-use lease::{Backend, Error, Grant, Lease};
+use lease::{Acquisition, Backend, Error, Grant, Lease};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::BoxError;
@@ -108,6 +109,15 @@ static SCRIPTS: std::sync::LazyLock<(redis::Script, redis::Script)> =
         )
     });
 
+type Fences = HashMap<(u8, String), Option<u64>>;
+
+/// The fencing token of the last acquisition of each (target, name) made
+/// through [`Target::acquire`], for the renewals and releases that follow.
+fn fences() -> std::sync::MutexGuard<'static, Fences> {
+    static FENCES: LazyLock<Mutex<Fences>> = LazyLock::new(Mutex::default);
+    FENCES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 impl Target {
     pub(crate) fn label(&self) -> &'static str {
         match self {
@@ -153,14 +163,37 @@ impl Target {
         holder: &str,
         ttl: Duration,
     ) -> Result<bool, Error> {
-        Ok(match self {
+        let grant = match self {
             Target::Pg(b) => b.acquire(name, holder, ttl).await?,
             Target::MySql(b) => b.acquire(name, holder, ttl).await?,
             Target::Sqlite(b) => b.acquire(name, holder, ttl).await?,
             Target::Redis(b, _) => b.acquire(name, holder, ttl).await?,
             Target::PgAdvisory(b, _) => b.acquire(name, holder, ttl).await?,
+        };
+        if let Some(grant) = grant {
+            fences().insert((self.kind(), name.to_owned()), grant.fencing_token);
         }
-        .is_some())
+        Ok(grant.is_some())
+    }
+
+    /// The acquisition of `name` by `holder` that [`acquire`](Self::acquire)
+    /// last got (renew and release concern one acquisition).
+    fn acquisition<'a>(&self, name: &'a str, holder: &'a str) -> Acquisition<'a> {
+        let fence = fences()
+            .get(&(self.kind(), name.to_owned()))
+            .copied()
+            .flatten();
+        Acquisition::new(name, holder, fence)
+    }
+
+    fn kind(&self) -> u8 {
+        match self {
+            Target::Pg(_) => 0,
+            Target::MySql(_) => 1,
+            Target::Sqlite(_) => 2,
+            Target::Redis(..) => 3,
+            Target::PgAdvisory(..) => 4,
+        }
     }
 
     pub(crate) async fn renew(
@@ -169,12 +202,13 @@ impl Target {
         holder: &str,
         ttl: Duration,
     ) -> Result<bool, Error> {
+        let lease = self.acquisition(name, holder);
         match self {
-            Target::Pg(b) => b.renew(name, holder, ttl).await,
-            Target::MySql(b) => b.renew(name, holder, ttl).await,
-            Target::Sqlite(b) => b.renew(name, holder, ttl).await,
-            Target::Redis(b, _) => b.renew(name, holder, ttl).await,
-            Target::PgAdvisory(b, _) => b.renew(name, holder, ttl).await,
+            Target::Pg(b) => b.renew(lease, ttl).await,
+            Target::MySql(b) => b.renew(lease, ttl).await,
+            Target::Sqlite(b) => b.renew(lease, ttl).await,
+            Target::Redis(b, _) => b.renew(lease, ttl).await,
+            Target::PgAdvisory(b, _) => b.renew(lease, ttl).await,
         }
     }
 
@@ -183,22 +217,27 @@ impl Target {
         holder: &str,
         leases: &[(&str, Duration)],
     ) -> Result<Vec<bool>, Error> {
+        let leases: Vec<(Acquisition<'_>, Duration)> = leases
+            .iter()
+            .map(|&(name, ttl)| (self.acquisition(name, holder), ttl))
+            .collect();
         match self {
-            Target::Pg(b) => b.renew_many(holder, leases).await,
-            Target::MySql(b) => b.renew_many(holder, leases).await,
-            Target::Sqlite(b) => b.renew_many(holder, leases).await,
-            Target::Redis(b, _) => b.renew_many(holder, leases).await,
-            Target::PgAdvisory(b, _) => b.renew_many(holder, leases).await,
+            Target::Pg(b) => b.renew_many(&leases).await,
+            Target::MySql(b) => b.renew_many(&leases).await,
+            Target::Sqlite(b) => b.renew_many(&leases).await,
+            Target::Redis(b, _) => b.renew_many(&leases).await,
+            Target::PgAdvisory(b, _) => b.renew_many(&leases).await,
         }
     }
 
     pub(crate) async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+        let lease = self.acquisition(name, holder);
         match self {
-            Target::Pg(b) => b.release(name, holder).await,
-            Target::MySql(b) => b.release(name, holder).await,
-            Target::Sqlite(b) => b.release(name, holder).await,
-            Target::Redis(b, _) => b.release(name, holder).await,
-            Target::PgAdvisory(b, _) => b.release(name, holder).await,
+            Target::Pg(b) => b.release(lease).await,
+            Target::MySql(b) => b.release(lease).await,
+            Target::Sqlite(b) => b.release(lease).await,
+            Target::Redis(b, _) => b.release(lease).await,
+            Target::PgAdvisory(b, _) => b.release(lease).await,
         }
     }
 
@@ -388,32 +427,24 @@ impl<B: Backend> Backend for Counted<B> {
         self.inner.acquire(name, holder, ttl).await
     }
 
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         self.calls.record(1);
-        self.inner.renew(name, holder, ttl).await
+        self.inner.renew(lease, ttl).await
     }
 
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
-        self.inner.release(name, holder).await
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.inner.release(lease).await
     }
 
-    async fn renew_many(
-        &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         if self.batched {
             self.calls.record(leases.len());
-            self.inner.renew_many(holder, leases).await
+            self.inner.renew_many(leases).await
         } else {
-            join_all(
-                leases
-                    .iter()
-                    .map(|&(name, ttl)| self.renew(name, holder, ttl)),
-            )
-            .await
-            .into_iter()
-            .collect()
+            join_all(leases.iter().map(|&(lease, ttl)| self.renew(lease, ttl)))
+                .await
+                .into_iter()
+                .collect()
         }
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! A [`Backend`] stores one row (or key, or lock) per lease name and answers
 //! three questions atomically: may `holder` take `name` now ([`acquire`]),
-//! does `holder` still hold it ([`renew`]), and give it up ([`release`]).
+//! is this acquisition still the current one ([`renew`]), and give it up
+//! ([`release`]).
 //! Everything else — the renewal schedule, deadlines, cancellation, logging —
 //! lives in the engine behind [`Lease`](crate::Lease), so a backend stays small.
 //!
@@ -71,6 +72,14 @@ pub use self::redis::Redis;
 /// grant is unexpired. Expiry should be computed by the storage's own clock
 /// (the server's), never by the caller's.
 ///
+/// Renewals and releases concern one *acquisition* ([`Acquisition`]: the
+/// name, the holder and the fencing token of the grant). A backend with
+/// fencing tokens matches all three, so that a request of an older
+/// acquisition — a release the network delivered late, a renewal still in
+/// flight — can never extend or end a newer acquisition of the same name,
+/// even by the same holder. A backend without fencing tokens matches name
+/// and holder.
+///
 /// The engine validates names (1..=255 bytes), holders (1..=255 bytes) and ttls
 /// (10 ms..=24 h, whole milliseconds) before calling a backend, and applies its
 /// own timeouts; a backend need not repeat either.
@@ -82,7 +91,7 @@ pub use self::redis::Redis;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Backend, Error, Grant};
+/// use lease::{Acquisition, Backend, Error, Grant};
 ///
 /// struct GrantAll;
 ///
@@ -90,10 +99,10 @@ pub use self::redis::Redis;
 ///     async fn acquire(&self, _name: &str, _holder: &str, _ttl: Duration) -> Result<Option<Grant>, Error> {
 ///         Ok(Some(Grant::new(None)))
 ///     }
-///     async fn renew(&self, _name: &str, _holder: &str, _ttl: Duration) -> Result<bool, Error> {
+///     async fn renew(&self, _lease: Acquisition<'_>, _ttl: Duration) -> Result<bool, Error> {
 ///         Ok(true)
 ///     }
-///     async fn release(&self, _name: &str, _holder: &str) -> Result<(), Error> {
+///     async fn release(&self, _lease: Acquisition<'_>) -> Result<(), Error> {
 ///         Ok(())
 ///     }
 /// }
@@ -124,11 +133,13 @@ pub trait Backend: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Option<Grant>, Error>> + Send;
 
-    /// Extend the lease to storage-now + `ttl` iff `holder` still holds an
-    /// unexpired lease on `name`. Never creates a record.
+    /// Extend the lease to storage-now + `ttl` iff `lease` is still the
+    /// current, unexpired acquisition of its name (same holder and, where
+    /// the backend has them, same fencing token). Never creates a record,
+    /// and never brings back a lease that was released or has expired.
     ///
     /// `Ok(false)` means the lease is definitely lost (expired, released or
-    /// taken over).
+    /// taken over, or superseded by a newer acquisition).
     ///
     /// # Errors
     ///
@@ -136,12 +147,13 @@ pub trait Backend: Send + Sync + 'static {
     /// lease's local deadline.
     fn renew(
         &self,
-        name: &str,
-        holder: &str,
+        lease: Acquisition<'_>,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
-    /// Give the lease up iff `holder` holds it; a no-op otherwise.
+    /// Give the lease up iff `lease` is still the current acquisition of its
+    /// name; a no-op otherwise (also when it arrives after a newer
+    /// acquisition, by anyone).
     ///
     /// Table backends expire the record instead of deleting it, so the fencing
     /// counter never restarts.
@@ -149,14 +161,15 @@ pub trait Backend: Send + Sync + 'static {
     /// # Errors
     ///
     /// `Err` when the backend could not be reached; the lease then ends at its expiry.
-    fn release(&self, name: &str, holder: &str) -> impl Future<Output = Result<(), Error>> + Send;
+    fn release(&self, lease: Acquisition<'_>) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Renew several leases of one holder, in as few round trips as the
-    /// backend allows. `Ok(v)` has one entry per lease, in order, with the
-    /// meaning of [`renew`](Backend::renew)'s `Ok`.
+    /// Renew several leases, in as few round trips as the backend allows.
+    /// `Ok(v)` has one entry per lease, in order, with the meaning of
+    /// [`renew`](Backend::renew)'s `Ok`.
     ///
     /// The default issues one [`renew`](Backend::renew) per lease,
-    /// concurrently; backends that can batch override it.
+    /// concurrently; backends that can batch override it. The engine sends
+    /// the leases of one holder, at most [`MAX_BATCH`] per call.
     ///
     /// # Errors
     ///
@@ -164,13 +177,10 @@ pub trait Backend: Send + Sync + 'static {
     /// then retried.
     fn renew_many(
         &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
+        leases: &[(Acquisition<'_>, Duration)],
     ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
         async move {
-            let calls = leases
-                .iter()
-                .map(|&(name, ttl)| self.renew(name, holder, ttl));
+            let calls = leases.iter().map(|&(lease, ttl)| self.renew(lease, ttl));
             futures_util::future::join_all(calls)
                 .await
                 .into_iter()
@@ -178,6 +188,10 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 }
+
+/// The most leases the engine passes to one [`Backend::renew_many`] call; a
+/// larger batch is split into calls of this size, sent together.
+pub const MAX_BATCH: usize = 1000;
 
 /// What a successful [`Backend::acquire`] hands out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +210,58 @@ impl Grant {
     }
 }
 
+/// One acquisition of a lease, which a [`Backend::renew`] or
+/// [`Backend::release`] concerns: the name, the holder, and the fencing
+/// token of the [`Grant`] that acquisition got.
+///
+/// A backend with fencing tokens renews or releases only the record that
+/// still carries this fencing token, so a request that belongs to an older
+/// acquisition cannot touch a newer one. For such a backend, an
+/// `Acquisition` without a fencing token matches nothing (it cannot be one
+/// of its grants): renew answers `Ok(false)` and release does nothing.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use lease::{Acquisition, Backend, backend::Memory};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// let db = Memory::new();
+/// let ttl = Duration::from_secs(30);
+/// let first = db.acquire("report", "pod-a", ttl).await?.expect("free");
+/// let old = Acquisition::new("report", "pod-a", first.fencing_token);
+/// db.release(old).await?;
+/// let second = db.acquire("report", "pod-a", ttl).await?.expect("released");
+///
+/// // A late copy of the first release does not end the second acquisition.
+/// db.release(old).await?;
+/// assert!(db.renew(Acquisition::new("report", "pod-a", second.fencing_token), ttl).await?);
+/// assert!(!db.renew(old, ttl).await?);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Acquisition<'a> {
+    /// The lease's name.
+    pub name: &'a str,
+    /// Who acquired it.
+    pub holder: &'a str,
+    /// The fencing token of the grant ([`Grant::fencing_token`]).
+    pub fencing_token: Option<u64>,
+}
+
+impl<'a> Acquisition<'a> {
+    /// The acquisition of `name` by `holder` that was granted `fencing_token`.
+    pub fn new(name: &'a str, holder: &'a str, fencing_token: Option<u64>) -> Self {
+        Self {
+            name,
+            holder,
+            fencing_token,
+        }
+    }
+}
+
 impl<B: Backend> Backend for Arc<B> {
     fn acquire(
         &self,
@@ -208,23 +274,21 @@ impl<B: Backend> Backend for Arc<B> {
 
     fn renew(
         &self,
-        name: &str,
-        holder: &str,
+        lease: Acquisition<'_>,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, Error>> + Send {
-        B::renew(self, name, holder, ttl)
+        B::renew(self, lease, ttl)
     }
 
-    fn release(&self, name: &str, holder: &str) -> impl Future<Output = Result<(), Error>> + Send {
-        B::release(self, name, holder)
+    fn release(&self, lease: Acquisition<'_>) -> impl Future<Output = Result<(), Error>> + Send {
+        B::release(self, lease)
     }
 
     fn renew_many(
         &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
+        leases: &[(Acquisition<'_>, Duration)],
     ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
-        B::renew_many(self, holder, leases)
+        B::renew_many(self, leases)
     }
 }
 
@@ -238,15 +302,13 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Option<Grant>, Error>>;
     fn renew<'a>(
         &'a self,
-        name: &'a str,
-        holder: &'a str,
+        lease: Acquisition<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>>;
-    fn release<'a>(&'a self, name: &'a str, holder: &'a str) -> BoxFuture<'a, Result<(), Error>>;
+    fn release<'a>(&'a self, lease: Acquisition<'a>) -> BoxFuture<'a, Result<(), Error>>;
     fn renew_many<'a>(
         &'a self,
-        holder: &'a str,
-        leases: &'a [(&'a str, Duration)],
+        leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
 }
 
@@ -262,22 +324,35 @@ impl<B: Backend> DynBackend for B {
 
     fn renew<'a>(
         &'a self,
-        name: &'a str,
-        holder: &'a str,
+        lease: Acquisition<'a>,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<bool, Error>> {
-        Box::pin(Backend::renew(self, name, holder, ttl))
+        Box::pin(Backend::renew(self, lease, ttl))
     }
 
-    fn release<'a>(&'a self, name: &'a str, holder: &'a str) -> BoxFuture<'a, Result<(), Error>> {
-        Box::pin(Backend::release(self, name, holder))
+    fn release<'a>(&'a self, lease: Acquisition<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(Backend::release(self, lease))
     }
 
     fn renew_many<'a>(
         &'a self,
-        holder: &'a str,
-        leases: &'a [(&'a str, Duration)],
+        leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>> {
-        Box::pin(Backend::renew_many(self, holder, leases))
+        Box::pin(Backend::renew_many(self, leases))
     }
+}
+
+/// The positions of `leases` grouped by holder, in order of first
+/// appearance: for batching backends whose statements take one holder (the
+/// engine sends one holder's leases, so there is one group in practice).
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) fn by_holder<'a>(leases: &[(Acquisition<'a>, Duration)]) -> Vec<(&'a str, Vec<usize>)> {
+    let mut groups: Vec<(&'a str, Vec<usize>)> = Vec::new();
+    for (i, (lease, _)) in leases.iter().enumerate() {
+        match groups.iter_mut().find(|(h, _)| *h == lease.holder) {
+            Some((_, at)) => at.push(i),
+            None => groups.push((lease.holder, vec![i])),
+        }
+    }
+    groups
 }

@@ -39,7 +39,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::DynBackend;
-use crate::{Error, Grant};
+use crate::{Acquisition, Error, Grant};
 
 /// Longest time any single acquire or release call is given, whatever the ttl.
 pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
@@ -47,7 +47,7 @@ pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 /// The most leases renewed in one [`Backend::renew_many`](crate::Backend::renew_many)
 /// call: a larger batch is split into calls of this size, sent together, so
 /// that no statement grows without bound and each call has its own timeout.
-pub(crate) const MAX_BATCH: usize = 1000;
+pub(crate) use crate::backend::MAX_BATCH;
 
 /// How long the scheduler stays after its last lease has ended before it
 /// exits, so that a job run in a loop does not start one per run.
@@ -171,6 +171,11 @@ enum State {
 impl Entry {
     fn timing(&self) -> MutexGuard<'_, Timing> {
         lock(&self.timing)
+    }
+
+    /// The acquisition that renewals and the release of this lease concern.
+    fn acquisition<'a>(&'a self, holder: &'a str) -> Acquisition<'a> {
+        Acquisition::new(&self.name, holder, self.fencing_token)
     }
 
     /// Valid = not lost, not released, and before the local deadline, by the
@@ -410,7 +415,7 @@ impl Engine {
             entry: Some(entry.clone()),
             sent_at,
         };
-        let result = self.send_release(&entry.name, entry.ttl).await;
+        let result = self.send_release(entry).await;
         unfinished.entry = None;
         self.settle(&entry.name, result.is_ok(), sent_at + entry.ttl);
         result
@@ -453,15 +458,15 @@ impl Engine {
             return;
         };
         let free = Forget::new(self.clone(), entry.name.clone());
-        let ttl = entry.ttl;
+        let entry = entry.clone();
         drop(handle.spawn(async move {
             let sent_at = earlier.unwrap_or_else(Instant::now);
-            let result = free.engine.send_release(&free.name, ttl).await;
+            let result = free.engine.send_release(&entry).await;
             let confirmed = result.is_ok() && earlier.is_none();
             // `settle` takes over freeing the name; on a runtime shutdown
             // before this point, dropping `free` frees it.
             let (engine, name) = free.defuse();
-            engine.settle(&name, confirmed, sent_at + ttl);
+            engine.settle(&name, confirmed, sent_at + entry.ttl);
         }));
     }
 
@@ -470,15 +475,16 @@ impl Engine {
     /// While the scheduler runs (it always does while a lease is held, and
     /// a while after), its timer keeps the time limit: a timer of the call's
     /// own costs a cycle of `with_lease` measurably on the fastest backends.
-    async fn send_release(self: &Arc<Self>, name: &str, ttl: Duration) -> Result<(), Error> {
-        let limit = release_timeout(ttl);
+    async fn send_release(self: &Arc<Self>, entry: &Entry) -> Result<(), Error> {
+        let name = &*entry.name;
+        let limit = release_timeout(entry.ttl);
         let timed_out = || {
             Err(Error::Timeout {
                 operation: "release",
                 after: limit,
             })
         };
-        let call = self.backend.release(name, &self.holder);
+        let call = self.backend.release(entry.acquisition(&self.holder));
         let result = match self.watch(Instant::now() + limit) {
             Some(watch) => {
                 tokio::select! {
@@ -953,12 +959,15 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, sent: Stamp) -> Sen
         if let [entry] = entries.as_slice() {
             engine
                 .backend
-                .renew(&entry.name, holder, entry.ttl)
+                .renew(entry.acquisition(holder), entry.ttl)
                 .await
                 .map(|ok| vec![ok])
         } else {
-            let leases: Vec<(&str, Duration)> = entries.iter().map(|e| (&*e.name, e.ttl)).collect();
-            engine.backend.renew_many(holder, &leases).await
+            let leases: Vec<(Acquisition<'_>, Duration)> = entries
+                .iter()
+                .map(|e| (e.acquisition(holder), e.ttl))
+                .collect();
+            engine.backend.renew_many(&leases).await
         }
     };
     let result = match timeout(limit, call).await {

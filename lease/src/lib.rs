@@ -176,7 +176,7 @@ mod private;
 mod skippable;
 mod validate;
 
-pub use backend::{Backend, Grant};
+pub use backend::{Acquisition, Backend, Grant};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use deadpool_redis;

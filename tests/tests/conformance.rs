@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use lease::backend::{Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
-use lease::{Backend, Error, Lease, Outcome, Skip};
+use lease::{Acquisition, Backend, Error, Grant, Lease, Outcome, Skip};
 use lease_tests::{TempDb, unique};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgPoolOptions;
@@ -73,6 +73,11 @@ trait Subject: Send + Sync + 'static {
     }
 }
 
+/// The acquisition `grant` was for.
+fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
+    Acquisition::new(name, holder, grant.fencing_token)
+}
+
 fn lease<S: Subject>(s: &S, holder: &str) -> Lease {
     Lease::with_holder(s.backend(), holder)
 }
@@ -90,10 +95,10 @@ fn ms(n: u64) -> Duration {
 /// that the lease outlives its ttl — after the same wait it is still held
 /// and still renewable by `holder` — and it is the end of the holder's
 /// session that frees it.
-async fn lapse<S: Subject>(s: &S, name: &str, holder: &str, ttl: Duration) {
+async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
     sleep(ttl + ms(200)).await; // nobody renews
     if !s.caps().expires {
-        let b = s.backend();
+        let (b, name) = (s.backend(), lease.name);
         assert!(
             b.acquire(name, "holder-probe", TTL)
                 .await
@@ -102,7 +107,7 @@ async fn lapse<S: Subject>(s: &S, name: &str, holder: &str, ttl: Duration) {
             "no expiry: the lease must still be held after its ttl"
         );
         assert!(
-            b.renew(name, holder, ttl).await.expect("renew"),
+            b.renew(lease, ttl).await.expect("renew"),
             "no expiry: the holder can still renew after its ttl"
         );
         s.end_session(name).await;
@@ -148,7 +153,7 @@ async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
         .expect("same holder re-acquires");
     assert_eq!(first.fencing_token, again.fencing_token);
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none());
-    b.release(&name, "holder-a").await.unwrap();
+    b.release(acq(&name, "holder-a", &again)).await.unwrap();
     // A Lease with the same holder (say, a restarted process that kept its
     // identity) re-acquires a live lease idempotently too.
     let g = b
@@ -181,7 +186,7 @@ async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
         .unwrap()
         .expect("free");
     assert!(b.acquire(&name, "holder-b", ttl).await.unwrap().is_none());
-    lapse(s, &name, "holder-a", ttl).await;
+    lapse(s, acq(&name, "holder-a", &first), ttl).await;
     let second = b
         .acquire(&name, "holder-b", TTL)
         .await
@@ -190,7 +195,7 @@ async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
     if s.caps().fencing {
         assert!(second.fencing_token.unwrap() > first.fencing_token.unwrap());
     }
-    b.release(&name, "holder-b").await.unwrap();
+    b.release(acq(&name, "holder-b", &second)).await.unwrap();
 }
 
 async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
@@ -198,43 +203,44 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
     let ttl = ms(300);
 
     let name = unique("renew-takeover");
-    b.acquire(&name, "holder-a", ttl)
+    let a = b
+        .acquire(&name, "holder-a", ttl)
         .await
         .unwrap()
         .expect("free");
-    assert!(b.renew(&name, "holder-a", ttl).await.unwrap());
-    lapse(s, &name, "holder-a", ttl).await;
-    b.acquire(&name, "holder-b", TTL)
+    let a = acq(&name, "holder-a", &a);
+    assert!(b.renew(a, ttl).await.unwrap());
+    lapse(s, a, ttl).await;
+    let taken = b
+        .acquire(&name, "holder-b", TTL)
         .await
         .unwrap()
         .expect("expired lease is free");
     assert!(
-        !b.renew(&name, "holder-a", ttl).await.unwrap(),
+        !b.renew(a, ttl).await.unwrap(),
         "renewed someone else's lease"
     );
-    assert!(b.renew(&name, "holder-b", TTL).await.unwrap());
+    assert!(b.renew(acq(&name, "holder-b", &taken), TTL).await.unwrap());
 
     let name = unique("renew-release");
-    b.acquire(&name, "holder-a", TTL)
+    let a = b
+        .acquire(&name, "holder-a", TTL)
         .await
         .unwrap()
         .expect("free");
-    b.release(&name, "holder-a").await.unwrap();
-    assert!(
-        !b.renew(&name, "holder-a", TTL).await.unwrap(),
-        "renewed a released lease"
-    );
+    let a = acq(&name, "holder-a", &a);
+    b.release(a).await.unwrap();
+    assert!(!b.renew(a, TTL).await.unwrap(), "renewed a released lease");
 
     let name = unique("renew-expiry");
-    b.acquire(&name, "holder-a", ttl)
+    let a = b
+        .acquire(&name, "holder-a", ttl)
         .await
         .unwrap()
         .expect("free");
-    lapse(s, &name, "holder-a", ttl).await;
-    assert!(
-        !b.renew(&name, "holder-a", TTL).await.unwrap(),
-        "renewed an expired lease"
-    );
+    let a = acq(&name, "holder-a", &a);
+    lapse(s, a, ttl).await;
+    assert!(!b.renew(a, TTL).await.unwrap(), "renewed an expired lease");
     // ...and the failed renewals did not bring it back.
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_some());
 }
@@ -242,7 +248,10 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
 async fn renew_never_inserts<S: Subject>(s: &S) {
     let name = unique("renew-insert");
     let b = s.backend();
-    assert!(!b.renew(&name, "holder-a", TTL).await.unwrap());
+    for fence in [None, Some(1)] {
+        let lease = Acquisition::new(&name, "holder-a", fence);
+        assert!(!b.renew(lease, TTL).await.unwrap());
+    }
     let g = b
         .acquire(&name, "holder-b", TTL)
         .await
@@ -256,17 +265,20 @@ async fn renew_never_inserts<S: Subject>(s: &S) {
 async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
     let name = unique("release-other");
     let b = s.backend();
-    b.acquire(&name, "holder-a", TTL)
+    let a = b
+        .acquire(&name, "holder-a", TTL)
         .await
         .unwrap()
         .expect("free");
-    b.release(&name, "holder-b").await.unwrap();
-    b.release(&unique("never-seen"), "holder-b").await.unwrap();
+    b.release(acq(&name, "holder-b", &a)).await.unwrap();
+    b.release(Acquisition::new(&unique("never-seen"), "holder-b", Some(1)))
+        .await
+        .unwrap();
     assert!(
         b.acquire(&name, "holder-b", TTL).await.unwrap().is_none(),
         "a stranger released our lease"
     );
-    assert!(b.renew(&name, "holder-a", TTL).await.unwrap());
+    assert!(b.renew(acq(&name, "holder-a", &a), TTL).await.unwrap());
 }
 
 async fn fences_strictly_increase<S: Subject>(s: &S) {

@@ -635,7 +635,7 @@ async fn redis_names_are_data() {
         let lock_key = backend.lock_key(name);
         let fence_key = backend.fence_key(name);
         let holder: Option<String> = conn.get(&lock_key).await.expect("GET");
-        assert_eq!(holder.as_deref(), Some("pod-a"), "{name:?}");
+        assert_eq!(holder.as_deref(), Some("1:pod-a"), "{name:?}");
         let fence: Option<u64> = conn.get(&fence_key).await.expect("GET");
         assert_eq!(fence, Some(1), "{name:?}");
         // Both keys share the hash tag (the text between the first `{` and the next `}`).
@@ -691,7 +691,7 @@ async fn redis_prefix_is_used() {
         .get(format!("lease-tests:{{{name}}}"))
         .await
         .expect("GET");
-    assert_eq!(holder.as_deref(), Some("pod-a"));
+    assert_eq!(holder.as_deref(), Some("1:pod-a"));
     let default: Option<String> = conn.get(format!("lease:{{{name}}}")).await.expect("GET");
     assert_eq!(default, None);
     guard.release().await.expect("release");
@@ -745,7 +745,8 @@ async fn redis_deleted_key_cancels_token() {
     // The old holder's release is token-checked: pod-b keeps its lock.
     guard.release().await.expect("release");
     let holder: Option<String> = conn.get(backend.lock_key(&name)).await.expect("GET");
-    assert_eq!(holder.as_deref(), Some("pod-b"));
+    let expected = format!("{}:pod-b", takeover.fencing_token().expect("a fence"));
+    assert_eq!(holder, Some(expected), "the lock's value is fence:holder");
     assert!(takeover.is_valid());
     takeover.release().await.expect("release");
 }
@@ -942,7 +943,8 @@ async fn redis_client_kill_does_not_lose_the_lease() {
     );
     assert!(!guard.token().is_cancelled());
     let holder: Option<String> = admin.get(backend.lock_key(&name)).await.expect("GET");
-    assert_eq!(holder.as_deref(), Some("pod-a"));
+    let expected = format!("{}:pod-a", guard.fencing_token().expect("a fence"));
+    assert_eq!(holder, Some(expected));
     assert!(
         pod_b
             .try_acquire(&name, ttl)
@@ -1100,4 +1102,44 @@ async fn redis_fences_increase_and_survive_reacquire() {
     let mut conn = pool.get().await.expect("connection");
     let counter: Option<u64> = conn.get(backend.fence_key(&name)).await.expect("GET");
     assert_eq!(counter, Some(last));
+}
+
+/// The fence key of a live lease is lost (deleted, evicted): the idempotent
+/// re-acquire must still return the lease's own fence, not restart the
+/// counter at 1, and the counter must not go back for later acquisitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_fence_never_goes_back_when_the_fence_key_is_lost() {
+    let Some((pool, backend)) = redis_backend().await else {
+        return;
+    };
+    let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+    let name = unique("redis-lost-fence");
+    let ttl = ms(5000);
+    for _ in 0..3 {
+        let guard = pod_a.try_acquire(&name, ttl).await.unwrap().expect("free");
+        guard.release().await.unwrap();
+    }
+    let guard = pod_a.try_acquire(&name, ttl).await.unwrap().expect("free");
+    let fence = guard.fencing_token().expect("a fence");
+    assert_eq!(fence, 4);
+
+    let mut conn = pool.get().await.expect("connection");
+    let _: () = conn.del(backend.fence_key(&name)).await.expect("DEL");
+    // The same holder (say, a restarted process that kept its identity)
+    // re-acquires the live lease idempotently.
+    let again = lease::Backend::acquire(&backend, &name, "pod-a", ttl)
+        .await
+        .unwrap()
+        .expect("same holder");
+    assert_eq!(
+        again.fencing_token,
+        Some(fence),
+        "the re-acquire of a live lease returned another fence"
+    );
+    let counter: Option<u64> = conn.get(backend.fence_key(&name)).await.expect("GET");
+    assert_eq!(counter, Some(fence), "the counter is put back up");
+    guard.release().await.unwrap();
+    let next = pod_a.try_acquire(&name, ttl).await.unwrap().expect("free");
+    assert_eq!(next.fencing_token(), Some(fence + 1));
+    next.release().await.unwrap();
 }

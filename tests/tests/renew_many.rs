@@ -1,14 +1,14 @@
 //! `Backend::renew_many` of every backend that overrides it (PgTable,
 //! MySqlTable, SqliteTable, Redis), against real servers: one batch mixes
-//! live, expired, stolen, released and never-existing names, and each lease
-//! must learn for itself whether it was renewed.
+//! live, expired, stolen, released, superseded and never-existing names,
+//! and each lease must learn for itself whether it was renewed.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
 
-use lease::Backend;
 use lease::backend::{MySqlTable, PgTable, Redis, SqliteTable};
+use lease::{Acquisition, Backend};
 use lease_tests::{TempDb, unique};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -18,47 +18,69 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-async fn acquired(b: &impl Backend, name: &str, holder: &str, ttl: Duration) {
-    assert!(
-        b.acquire(name, holder, ttl).await.unwrap().is_some(),
-        "{holder} could not acquire {name}"
-    );
+/// Acquire `name` for `holder`; its fencing token.
+async fn acquired(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<u64> {
+    b.acquire(name, holder, ttl)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{holder} could not acquire {name}"))
+        .fencing_token
 }
 
-/// The mixed batch: which names are ours and live must come back `true`,
-/// in order, and only those must be extended; nothing is inserted.
+/// The mixed batch: which acquisitions are current and live must come back
+/// `true`, in order, and only those must be extended; nothing is inserted.
 async fn each_lease_learns_its_own_fate(b: impl Backend + Clone) {
     let holder = unique("holder");
     let thief = unique("thief");
     let name = |what: &str| unique(&format!("renew-many-{what}"));
     let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
-    let (expired, stolen, released, never) = (
+    let (expired, stolen, released, never, superseded) = (
         name("expired"),
         name("stolen"),
         name("released"),
         name("never"),
+        name("superseded"),
     );
-    acquired(&b, &live, &holder, LONG).await;
-    acquired(&b, &live_short, &holder, SHORT * 2).await;
-    acquired(&b, &other_ttl, &holder, LONG).await;
-    acquired(&b, &expired, &holder, ms(50)).await;
-    acquired(&b, &stolen, &holder, ms(50)).await;
-    acquired(&b, &released, &holder, LONG).await;
-    b.release(&released, &holder).await.unwrap();
+    let f_live = acquired(&b, &live, &holder, LONG).await;
+    let f_live_short = acquired(&b, &live_short, &holder, SHORT * 2).await;
+    let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
+    let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
+    let f_stolen = acquired(&b, &stolen, &holder, ms(50)).await;
+    let f_released = acquired(&b, &released, &holder, LONG).await;
+    b.release(Acquisition::new(&released, &holder, f_released))
+        .await
+        .unwrap();
+    // An older acquisition of a name the same holder holds again.
+    let f_old = acquired(&b, &superseded, &holder, LONG).await;
+    b.release(Acquisition::new(&superseded, &holder, f_old))
+        .await
+        .unwrap();
+    let f_new = acquired(&b, &superseded, &holder, LONG).await;
     tokio::time::sleep(ms(200)).await; // `expired` and `stolen` expire
     acquired(&b, &stolen, &thief, LONG).await;
 
     let batch = [
-        (live.as_str(), LONG),
-        (expired.as_str(), LONG),
-        (live_short.as_str(), LONG),
-        (stolen.as_str(), LONG),
-        (never.as_str(), LONG),
-        (other_ttl.as_str(), ms(20_000)),
-        (released.as_str(), LONG),
+        (Acquisition::new(&live, &holder, f_live), LONG),
+        (Acquisition::new(&expired, &holder, f_expired), LONG),
+        (Acquisition::new(&live_short, &holder, f_live_short), LONG),
+        (Acquisition::new(&stolen, &holder, f_stolen), LONG),
+        (Acquisition::new(&never, &holder, f_live), LONG),
+        (
+            Acquisition::new(&other_ttl, &holder, f_other_ttl),
+            ms(20_000),
+        ),
+        (Acquisition::new(&released, &holder, f_released), LONG),
+        (Acquisition::new(&superseded, &holder, f_old), LONG),
     ];
-    let renewed = b.renew_many(&holder, &batch).await.unwrap();
-    assert_eq!(renewed, [true, false, true, false, false, true, false]);
+    let expected = [true, false, true, false, false, true, false, false];
+    let renewed = b.renew_many(&batch).await.unwrap();
+    assert_eq!(renewed, expected);
+    // The newer acquisition is still the current one.
+    assert!(
+        b.renew(Acquisition::new(&superseded, &holder, f_new), LONG)
+            .await
+            .unwrap()
+    );
 
     // `live_short` was extended past its first ttl.
     tokio::time::sleep(SHORT * 2 + ms(200)).await;
@@ -75,15 +97,15 @@ async fn each_lease_learns_its_own_fate(b: impl Backend + Clone) {
     acquired(&b, &expired, &thief, LONG).await;
     acquired(&b, &released, &thief, LONG).await;
     // The holder's answers stay per lease on the next batch too.
-    let renewed = b.renew_many(&holder, &batch).await.unwrap();
-    assert_eq!(renewed, [true, false, true, false, false, true, false]);
-    assert_eq!(
-        b.renew_many(&holder, &[]).await.unwrap(),
-        Vec::<bool>::new()
-    );
+    let renewed = b.renew_many(&batch).await.unwrap();
+    assert_eq!(renewed, expected);
+    assert_eq!(b.renew_many(&[]).await.unwrap(), Vec::<bool>::new());
     // All ours and live (MySQL answers from the matched-row count alone).
-    let ours = [(live.as_str(), LONG), (other_ttl.as_str(), LONG)];
-    assert_eq!(b.renew_many(&holder, &ours).await.unwrap(), [true, true]);
+    let all_ours = [
+        (Acquisition::new(&live, &holder, f_live), LONG),
+        (Acquisition::new(&other_ttl, &holder, f_other_ttl), LONG),
+    ];
+    assert_eq!(b.renew_many(&all_ours).await.unwrap(), [true, true]);
 }
 
 /// More leases than one statement (or script) takes: 2,345 leases, every
@@ -96,22 +118,26 @@ async fn a_batch_larger_than_a_chunk(b: impl Backend + Clone) {
     let expected: Vec<bool> = (0..names.len())
         .map(|i| i % 7 != 3 && i % 11 != 5)
         .collect();
-    futures_util::future::join_all(names.iter().enumerate().map(|(i, name)| {
+    let fences = futures_util::future::join_all(names.iter().enumerate().map(|(i, name)| {
         let (b, holder, thief) = (&b, &holder, &thief);
         async move {
             if i % 11 == 5 {
-                return;
+                return Some(1);
             }
             if i % 7 == 3 {
-                acquired(b, name, thief, LONG).await;
+                acquired(b, name, thief, LONG).await
             } else {
-                acquired(b, name, holder, LONG).await;
+                acquired(b, name, holder, LONG).await
             }
         }
     }))
     .await;
-    let batch: Vec<(&str, Duration)> = names.iter().map(|n| (n.as_str(), LONG)).collect();
-    let renewed = b.renew_many(&holder, &batch).await.unwrap();
+    let batch: Vec<(Acquisition<'_>, Duration)> = names
+        .iter()
+        .zip(fences)
+        .map(|(n, f)| (Acquisition::new(n, &holder, f), LONG))
+        .collect();
+    let renewed = b.renew_many(&batch).await.unwrap();
     assert_eq!(renewed.len(), names.len());
     let wrong: Vec<usize> = (0..names.len())
         .filter(|&i| renewed[i] != expected[i])

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use lease::backend::{Memory, SqliteTable};
-use lease::{Backend, Error, Grant, Lease, singleton};
+use lease::{Acquisition, Backend, Error, Grant, Lease, singleton};
 use lease_tests::TempDb;
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
@@ -419,10 +419,10 @@ impl Backend for Unreachable {
     async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
         Err(Error::backend("connection refused"))
     }
-    async fn renew(&self, _: &str, _: &str, _: Duration) -> Result<bool, Error> {
+    async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
         Err(Error::backend("connection refused"))
     }
-    async fn release(&self, _: &str, _: &str) -> Result<(), Error> {
+    async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
         Err(Error::backend("connection refused"))
     }
 }

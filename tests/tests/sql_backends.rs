@@ -7,12 +7,14 @@
 //! share the default table and run in parallel. Expiry tests use short ttls and
 //! sleeps with wide margins, as the servers' clocks decide.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::sync::{LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use lease::backend::{MySqlTable, PgTable, SqliteTable};
-use lease::{Backend, Error, Grant};
+use lease::{Acquisition, Backend, Error, Grant};
 use lease_tests::{TempDb, unique};
 use sqlx::AssertSqlSafe;
 
@@ -122,16 +124,43 @@ fn fence(grant: Option<Grant>) -> Option<u64> {
     })
 }
 
+/// The fencing token of the last acquisition of each (name, holder) made
+/// through [`acquire`], and of each name (by anyone): [`renew`] and
+/// [`release`] concern that acquisition.
+static FENCES: LazyLock<Mutex<HashMap<(String, String), u64>>> = LazyLock::new(Mutex::default);
+
+fn fences() -> MutexGuard<'static, HashMap<(String, String), u64>> {
+    FENCES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 async fn acquire(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<u64> {
-    fence(b.acquire(name, holder, ttl).await.expect("acquire"))
+    let f = fence(b.acquire(name, holder, ttl).await.expect("acquire"));
+    if let Some(f) = f {
+        let mut fences = fences();
+        fences.insert((name.to_owned(), holder.to_owned()), f);
+        fences.insert((name.to_owned(), String::new()), f);
+    }
+    f
+}
+
+/// `holder`'s last acquisition of `name`; for a holder that never acquired
+/// it, the name's last acquisition by anyone (so that only the holder differs).
+fn acquisition<'a>(name: &'a str, holder: &'a str) -> Acquisition<'a> {
+    let fences = fences();
+    let fence = fences
+        .get(&(name.to_owned(), holder.to_owned()))
+        .or_else(|| fences.get(&(name.to_owned(), String::new())));
+    Acquisition::new(name, holder, fence.copied())
 }
 
 async fn renew(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> bool {
-    b.renew(name, holder, ttl).await.expect("renew")
+    b.renew(acquisition(name, holder), ttl)
+        .await
+        .expect("renew")
 }
 
 async fn release(b: &impl Backend, name: &str, holder: &str) {
-    b.release(name, holder).await.expect("release");
+    b.release(acquisition(name, holder)).await.expect("release");
 }
 
 async fn first_acquire_gets_fence_1_and_reacquire_keeps_it(b: impl Table, test: &str) {
@@ -340,7 +369,10 @@ async fn invalid_input_is_rejected(b: impl Table, test: &str) {
     ] {
         let e = b.acquire(&name, "a", ttl).await.expect_err("bad ttl");
         assert!(matches!(e, Error::InvalidTtl { .. }), "{ttl:?}: {e:?}");
-        let e = b.renew(&name, "a", ttl).await.expect_err("bad ttl");
+        let e = b
+            .renew(acquisition(&name, "a"), ttl)
+            .await
+            .expect_err("bad ttl");
         assert!(matches!(e, Error::InvalidTtl { .. }), "{ttl:?}: {e:?}");
     }
     let long = "n".repeat(256);
@@ -348,7 +380,10 @@ async fn invalid_input_is_rejected(b: impl Table, test: &str) {
     assert!(matches!(e, Error::InvalidName { len: 256 }), "{e:?}");
     let e = b.acquire("", "a", LONG).await.expect_err("empty name");
     assert!(matches!(e, Error::InvalidName { len: 0 }), "{e:?}");
-    let e = b.release(&name, "").await.expect_err("empty holder");
+    let e = b
+        .release(acquisition(&name, ""))
+        .await
+        .expect_err("empty holder");
     assert!(matches!(e, Error::InvalidHolder { len: 0 }), "{e:?}");
     // Nothing was stored along the way.
     assert_eq!(acquire(&b, &name, "a", LONG).await, Some(1));
@@ -681,9 +716,15 @@ async fn sqlite_busy_is_an_error_not_held_elsewhere() {
         .await
         .expect_err("busy");
     assert!(busy(e));
-    let e = impatient.renew("job", "a", LONG).await.expect_err("busy");
+    let e = impatient
+        .renew(acquisition("job", "a"), LONG)
+        .await
+        .expect_err("busy");
     assert!(busy(e));
-    let e = impatient.release("job", "a").await.expect_err("busy");
+    let e = impatient
+        .release(acquisition("job", "a"))
+        .await
+        .expect_err("busy");
     assert!(busy(e));
 
     sqlx::query("COMMIT")

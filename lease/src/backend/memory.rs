@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant};
 
 /// Leases kept in this process's memory, for tests.
 ///
@@ -52,6 +52,11 @@ struct Row {
 impl Row {
     fn live(&self, now: Instant) -> bool {
         self.expires_at > now
+    }
+
+    /// This row records `lease`: same holder, same fencing token.
+    fn is(&self, lease: Acquisition<'_>) -> bool {
+        self.holder == lease.holder && Some(self.fence) == lease.fencing_token
     }
 }
 
@@ -115,10 +120,10 @@ impl Backend for Memory {
         Ok(Some(Grant::new(Some(row.fence))))
     }
 
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         let now = Instant::now();
-        match self.rows().get_mut(name) {
-            Some(row) if row.live(now) && row.holder == holder => {
+        match self.rows().get_mut(lease.name) {
+            Some(row) if row.live(now) && row.is(lease) => {
                 row.expires_at = now + ttl;
                 Ok(true)
             }
@@ -126,11 +131,11 @@ impl Backend for Memory {
         }
     }
 
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         let now = Instant::now();
-        if let Some(row) = self.rows().get_mut(name)
+        if let Some(row) = self.rows().get_mut(lease.name)
             && row.live(now)
-            && row.holder == holder
+            && row.is(lease)
         {
             row.expires_at = now;
         }

@@ -8,7 +8,7 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 use sqlx::{AssertSqlSafe, MySqlPool};
 
 use super::sql::{self, Statements, Templates};
-use crate::{Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant};
 
 /// `? * 1000` microseconds after the server's UTC clock; the ttl is bound in
 /// milliseconds.
@@ -66,29 +66,36 @@ const TEMPLATES: Templates = Templates {
     ),
     // sqlx always sets CLIENT_FOUND_ROWS, so "affected rows" of an UPDATE is
     // the number of rows *matched*: 1 iff the lease was ours and live, even in
-    // the (theoretical) case that the new expiry equals the old one.
+    // the (theoretical) case that the new expiry equals the old one. Renew
+    // and release match the acquisition: name, holder and fence.
     renew: concat!(
         "UPDATE {table} SET expires_at = ",
         expiry!(),
-        " WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)"
+        " WHERE name = ? AND holder = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)"
     ),
-    release: "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) \
-              WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)",
-    // Many renewals of one ttl in one statement. Matched rows (again
-    // CLIENT_FOUND_ROWS) equal to the number of names means every lease was
-    // renewed; otherwise `renewed_many` finds out which.
+    // UTC_TIMESTAMP(6) is the time the *statement started*. A renewal sent
+    // before the release and blocked on the release's row lock would still
+    // see an expiry of "the release's now" as live, and extend the released
+    // lease by a full ttl. At the epoch, a released row is expired for every
+    // statement, whenever it started. (1970-01-01 00:00:01 is also the
+    // smallest TIMESTAMP, so tables with that column type take it.)
+    release: "UPDATE {table} SET expires_at = '1970-01-01 00:00:01' \
+              WHERE name = ? AND holder = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)",
+    // Many renewals of one holder and ttl in one statement. Matched rows
+    // (again CLIENT_FOUND_ROWS) equal to the number of leases means every
+    // lease was renewed; otherwise `renewed_many` finds out which. The row
+    // comparison `(name, fence) IN (..)` is a range scan of the primary key.
     renew_many: concat!(
         "UPDATE {table} SET expires_at = ",
         expiry!(),
-        " WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND name IN ({list})"
+        " WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND (name, fence) IN ({list})"
     ),
-    // Run right after a `renew_many` that matched fewer rows than names: a
-    // lease of ours that is live now was renewed by it (nothing else renews
-    // our leases, and one that was not renewed cannot have become ours and
-    // live in between but by our own re-acquire, which leaves it ours).
-    renewed_many: "SELECT name FROM {table} \
-                   WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND name IN ({list})",
-    list_item: "?",
+    // Run right after a `renew_many` that matched fewer rows than leases: an
+    // acquisition of ours that is live now was renewed by it (nothing else
+    // renews it, and a newer acquisition would carry another fence).
+    renewed_many: "SELECT name, fence FROM {table} \
+                   WHERE holder = ? AND expires_at > UTC_TIMESTAMP(6) AND (name, fence) IN ({list})",
+    list_item: "(?, ?)",
 };
 
 /// How many times a statement is tried when InnoDB reports a deadlock or a
@@ -123,13 +130,15 @@ const ATTEMPTS: u32 = 6;
 /// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
 ///   acquisition of a name, one more for each later one, unchanged when the
 ///   holder re-acquires its own live lease.
-/// - **Release keeps the row**: it sets `expires_at` to now, so the fence never
-///   restarts. Rows are never deleted by this crate.
+/// - **Release keeps the row**: it sets `expires_at` to the epoch, so the fence
+///   never restarts, and a statement that waited for the release's row lock
+///   sees the row expired whatever instant it took as its "now". Rows are never deleted by this crate.
 /// - **One statement per call**, in autocommit. Acquire is a single
 ///   `INSERT .. ON DUPLICATE KEY UPDATE` that hands the fence back through
 ///   `LAST_INSERT_ID(expr)` (so it also sets the connection's
 ///   `LAST_INSERT_ID()`); renew and release are single `UPDATE`s matched on
-///   name, holder and expiry. Renew never inserts a row.
+///   name, holder, fence and expiry: they concern one acquisition, so a late
+///   request of an older acquisition never touches a newer one. Renew never inserts a row.
 /// - **Batched renewals**: the renewals of many leases of one holder
 ///   ([`Backend::renew_many`], which the engine uses) are one
 ///   `UPDATE .. WHERE holder = ? AND .. AND name IN (..)` per ttl and 1,000
@@ -169,7 +178,7 @@ const ATTEMPTS: u32 = 6;
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lease::{Backend, backend::MySqlTable};
+/// use lease::{Acquisition, Backend, backend::MySqlTable};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
 /// let pool = sqlx::MySqlPool::connect("mysql://root@127.0.0.1:3306/test").await?;
@@ -177,9 +186,10 @@ const ATTEMPTS: u32 = 6;
 /// table.ensure_schema().await?;
 ///
 /// let grant = table.acquire("nightly-report", "pod-a", Duration::from_secs(90)).await?;
-/// assert!(grant.is_some_and(|g| g.fencing_token >= Some(1)));
+/// let fence = grant.and_then(|g| g.fencing_token);
+/// assert!(fence >= Some(1));
 /// assert!(table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?.is_none());
-/// table.release("nightly-report", "pod-a").await?;
+/// table.release(Acquisition::new("nightly-report", "pod-a", fence)).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
@@ -358,15 +368,17 @@ impl Backend for MySqlTable {
         })
     }
 
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
-        let ttl_ms = sql::check(name, holder, ttl)?;
-        let (name, holder) = (name.as_bytes(), holder.as_bytes());
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let ttl_ms = sql::check(lease.name, lease.holder, ttl)?;
+        let (name, holder) = (lease.name.as_bytes(), lease.holder.as_bytes());
+        let fence = sql::fence_param(lease.fencing_token);
         let done = self
             .run(|| {
                 sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
                     .bind(ttl_ms)
                     .bind(name)
                     .bind(holder)
+                    .bind(fence)
                     .execute(&self.pool)
             })
             .await?;
@@ -374,42 +386,47 @@ impl Backend for MySqlTable {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
-        sql::check_no_ttl(name, holder)?;
-        let (name, holder) = (name.as_bytes(), holder.as_bytes());
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        sql::check_no_ttl(lease.name, lease.holder)?;
+        let (name, holder) = (lease.name.as_bytes(), lease.holder.as_bytes());
+        let fence = sql::fence_param(lease.fencing_token);
         self.run(|| {
             sqlx::query(AssertSqlSafe(self.sql.release.clone()))
                 .bind(name)
                 .bind(holder)
+                .bind(fence)
                 .execute(&self.pool)
         })
         .await?;
         Ok(())
     }
 
-    /// One `UPDATE .. IN (..)` per ttl and 1,000 leases, and a `SELECT` of
-    /// the renewed names only when some lease was not renewed.
-    async fn renew_many(
-        &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
-        // Group by ttl (a `Lease` usually uses few), keeping the positions.
-        let mut groups: Vec<(i64, Vec<usize>)> = Vec::new();
-        for (i, &(name, ttl)) in leases.iter().enumerate() {
-            let ttl_ms = sql::check(name, holder, ttl)?;
-            match groups.iter_mut().find(|(t, _)| *t == ttl_ms) {
+    /// One `UPDATE .. IN (..)` per holder, ttl and 1,000 leases, and a
+    /// `SELECT` of the renewed leases only when some lease was not renewed.
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        // Group by holder and ttl (a `Lease` has one holder and usually uses
+        // few ttls), keeping the positions.
+        let mut groups: Vec<((&str, i64), Vec<usize>)> = Vec::new();
+        for (i, &(lease, ttl)) in leases.iter().enumerate() {
+            let key = (lease.holder, sql::check(lease.name, lease.holder, ttl)?);
+            match groups.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, at)) => at.push(i),
-                None => groups.push((ttl_ms, vec![i])),
+                None => groups.push((key, vec![i])),
             }
         }
-        let chunks = groups.iter().flat_map(|(ttl_ms, at)| {
+        let chunks = groups.iter().flat_map(|(key, at)| {
             at.chunks(sql::RENEW_MANY_CHUNK)
-                .map(move |chunk| (*ttl_ms, chunk))
+                .map(move |chunk| (*key, chunk))
         });
-        let calls = chunks.map(|(ttl_ms, at)| async move {
-            let names: Vec<&[u8]> = at.iter().map(|&i| leases[i].0.as_bytes()).collect();
-            let renewed = self.renew_chunk(holder.as_bytes(), ttl_ms, &names).await?;
+        let calls = chunks.map(|((holder, ttl_ms), at)| async move {
+            let items: Vec<(&[u8], Option<i64>)> = at
+                .iter()
+                .map(|&i| {
+                    let lease = leases[i].0;
+                    (lease.name.as_bytes(), sql::fence_param(lease.fencing_token))
+                })
+                .collect();
+            let renewed = self.renew_chunk(holder.as_bytes(), ttl_ms, &items).await?;
             Ok::<_, Error>(at.iter().copied().zip(renewed).collect::<Vec<_>>())
         });
         let mut out = vec![false; leases.len()];
@@ -423,19 +440,19 @@ impl Backend for MySqlTable {
 }
 
 impl MySqlTable {
-    /// Renew `names` (at most [`sql::RENEW_MANY_CHUNK`], one ttl); which
-    /// were renewed, in order.
+    /// Renew `items` (name, fence; at most [`sql::RENEW_MANY_CHUNK`], one
+    /// holder and ttl); which were renewed, in order.
     async fn renew_chunk(
         &self,
         holder: &[u8],
         ttl_ms: i64,
-        names: &[&[u8]],
+        items: &[(&[u8], Option<i64>)],
     ) -> Result<Vec<bool>, Error> {
-        let size = sql::list_size(names.len());
+        let size = sql::list_size(items.len());
         let padded = || {
-            let last = *names.last().expect("BUG: an empty chunk");
-            let pad = sql::LIST_SIZES[size] - names.len();
-            names.iter().copied().chain(std::iter::repeat_n(last, pad))
+            let last = *items.last().expect("BUG: an empty chunk");
+            let pad = sql::LIST_SIZES[size] - items.len();
+            items.iter().copied().chain(std::iter::repeat_n(last, pad))
         };
         let done = self
             .run(|| {
@@ -443,24 +460,27 @@ impl MySqlTable {
                     .bind(ttl_ms)
                     .bind(holder);
                 padded()
-                    .fold(query, |query, name| query.bind(name))
+                    .fold(query, |query, (name, fence)| query.bind(name).bind(fence))
                     .execute(&self.pool)
             })
             .await?;
-        let mut distinct = names.to_vec();
+        let mut distinct = items.to_vec();
         distinct.sort_unstable();
         distinct.dedup();
         if done.rows_affected() == distinct.len() as u64 {
-            return Ok(vec![true; names.len()]);
+            return Ok(vec![true; items.len()]);
         }
-        let query =
-            sqlx::query_scalar(AssertSqlSafe(self.sql.renewed_many[size].clone())).bind(holder);
-        let live: Vec<Vec<u8>> = padded()
-            .fold(query, |query, name| query.bind(name))
+        let query = sqlx::query_as(AssertSqlSafe(self.sql.renewed_many[size].clone())).bind(holder);
+        let live: Vec<(Vec<u8>, i64)> = padded()
+            .fold(query, |query, (name, fence)| query.bind(name).bind(fence))
             .fetch_all(&self.pool)
             .await?;
-        let live: std::collections::HashSet<&[u8]> = live.iter().map(Vec::as_slice).collect();
-        Ok(names.iter().map(|n| live.contains(n)).collect())
+        let live: std::collections::HashSet<(&[u8], i64)> =
+            live.iter().map(|(n, f)| (n.as_slice(), *f)).collect();
+        Ok(items
+            .iter()
+            .map(|&(name, fence)| fence.is_some_and(|f| live.contains(&(name, f))))
+            .collect())
     }
 }
 
@@ -481,13 +501,13 @@ mod tests {
     fn acquire_binds_one_value_per_placeholder() {
         // name, holder, ttl; fence: holder x2; holder: holder x2; expires_at: holder, ttl
         assert_eq!(TEMPLATES.acquire.matches('?').count(), 9);
-        assert_eq!(TEMPLATES.renew.matches('?').count(), 3);
-        assert_eq!(TEMPLATES.release.matches('?').count(), 2);
+        assert_eq!(TEMPLATES.renew.matches('?').count(), 4);
+        assert_eq!(TEMPLATES.release.matches('?').count(), 3);
         let s = Statements::default_table(&TEMPLATES);
         for (i, &n) in sql::LIST_SIZES.iter().enumerate() {
-            // ttl, holder, names
-            assert_eq!(s.renew_many[i].matches('?').count(), 2 + n);
-            assert_eq!(s.renewed_many[i].matches('?').count(), 1 + n);
+            // ttl, holder, (name, fence) pairs
+            assert_eq!(s.renew_many[i].matches('?').count(), 2 + 2 * n);
+            assert_eq!(s.renewed_many[i].matches('?').count(), 1 + 2 * n);
         }
     }
 }

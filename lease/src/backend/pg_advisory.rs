@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
 
-use crate::{Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant};
 
 /// Is the session running this query holding the exclusive advisory lock on
 /// the bigint key `$1`? PostgreSQL shows a bigint key in `pg_locks` as
@@ -368,7 +368,11 @@ impl Backend for PgAdvisory {
     /// The heartbeat: `Ok(true)` iff the holding connection still holds the
     /// lock (checked in `pg_locks`). Never `Err`: a failure on the connection
     /// means the lock is gone (the connection is closed) and answers `Ok(false)`.
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
+    ///
+    /// Advisory locks have no fencing token: the acquisition is the lock
+    /// held by this backend for `(name, holder)`, on its own connection.
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let (name, holder) = (lease.name, lease.holder);
         match self.slot(name, holder) {
             Some(slot) => Ok(self.check(name, holder, slot, ttl / 3).await),
             None => Ok(false),
@@ -377,7 +381,8 @@ impl Backend for PgAdvisory {
 
     /// `pg_advisory_unlock` on the holding connection, which goes back to the
     /// pool only if the unlock succeeded; otherwise it is closed.
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        let (name, holder) = (lease.name, lease.holder);
         let Some(slot) = self.held().remove(&(name.to_owned(), holder.to_owned())) else {
             return Ok(());
         };

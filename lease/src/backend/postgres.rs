@@ -6,7 +6,8 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, PgPool};
 
 use super::sql::{self, Statements, Templates};
-use crate::{Backend, Error, Grant};
+use crate::backend::by_holder;
+use crate::{Acquisition, Backend, Error, Grant};
 
 const TEMPLATES: Templates = Templates {
     create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
@@ -36,18 +37,24 @@ const TEMPLATES: Templates = Templates {
               THEN l.fence ELSE l.fence + 1 END \
               WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
               RETURNING fence",
+    // Renew and release match the acquisition: name, holder and fence.
     renew: "UPDATE {table} \
             SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
-            WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
-    release: "UPDATE {table} SET expires_at = clock_timestamp() \
-              WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()",
-    // Many renewals in one statement: the names and their ttls as two
-    // arrays, and the names of the rows renewed come back.
+            WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > clock_timestamp()",
+    // A released row expires at the epoch, not at "now": it is then expired
+    // for every statement, whatever instant that statement takes as its
+    // "now" (MySQL's is the statement's start, which may precede the
+    // release when the statement waited for the release's row lock).
+    release: "UPDATE {table} SET expires_at = TIMESTAMPTZ 'epoch' \
+              WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()",
+    // Many renewals in one statement: the names, ttls and fences as three
+    // arrays; the (name, fence) of the rows renewed come back.
     renew_many: "UPDATE {table} AS l \
                  SET expires_at = clock_timestamp() + b.ttl * interval '1 millisecond' \
-                 FROM unnest($1::text[], $2::bigint[]) AS b(name, ttl) \
-                 WHERE l.name = b.name AND l.holder = $3 AND l.expires_at > clock_timestamp() \
-                 RETURNING l.name",
+                 FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS b(name, ttl, fence) \
+                 WHERE l.name = b.name AND l.fence = b.fence AND l.holder = $4 \
+                 AND l.expires_at > clock_timestamp() \
+                 RETURNING l.name, l.fence",
     renewed_many: "",
     list_item: "",
 };
@@ -90,14 +97,17 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   acquisition of a name, one more for each later one, unchanged when the
 ///   holder re-acquires its own live lease. Pass it to the systems the job
 ///   writes to so that they can reject a stale holder.
-/// - **Release keeps the row**: it sets `expires_at` to now, so the fence never
-///   restarts. Rows are never deleted by this crate; delete rows of names you
+/// - **Release keeps the row**: it sets `expires_at` to the epoch, so the fence
+///   never restarts, and a statement that waited for the release's row lock
+///   sees the row expired whatever instant it took as its "now". Rows are never deleted by this crate; delete rows of names you
 ///   no longer use yourself, if ever (they are small).
 /// - **One statement per call**, in autocommit: acquire is a single
 ///   `INSERT .. SELECT .. WHERE NOT EXISTS (live row of another holder)
 ///   ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence` (the `NOT EXISTS`
 ///   answers "held elsewhere" without locking the row), renew
-///   and release are single `UPDATE`s matched on name, holder and expiry.
+///   and release are single `UPDATE`s matched on name, holder, fence and
+///   expiry: they concern one acquisition, so a late request of an older
+///   acquisition never touches a newer one.
 ///   Renew never inserts a row.
 /// - **Batched renewals**: the renewals of many leases of one holder
 ///   ([`Backend::renew_many`], which the engine uses) are one
@@ -130,7 +140,7 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lease::{Backend, backend::PgTable};
+/// use lease::{Acquisition, Backend, backend::PgTable};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
 /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/test").await?;
@@ -138,9 +148,10 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 /// table.ensure_schema().await?;
 ///
 /// let grant = table.acquire("nightly-report", "pod-a", Duration::from_secs(90)).await?;
-/// assert!(grant.is_some_and(|g| g.fencing_token >= Some(1)));
+/// let fence = grant.and_then(|g| g.fencing_token);
+/// assert!(fence >= Some(1));
 /// assert!(table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?.is_none());
-/// table.release("nightly-report", "pod-a").await?;
+/// table.release(Acquisition::new("nightly-report", "pod-a", fence)).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
@@ -281,60 +292,69 @@ impl Backend for PgTable {
             .transpose()
     }
 
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
-        let ttl_ms = sql::check(name, holder, ttl)?;
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let ttl_ms = sql::check(lease.name, lease.holder, ttl)?;
         let done = sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
-            .bind(name)
-            .bind(holder)
+            .bind(lease.name)
+            .bind(lease.holder)
             .bind(ttl_ms)
+            .bind(sql::fence_param(lease.fencing_token))
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
-        sql::check_no_ttl(name, holder)?;
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        sql::check_no_ttl(lease.name, lease.holder)?;
         sqlx::query(AssertSqlSafe(self.sql.release.clone()))
-            .bind(name)
-            .bind(holder)
+            .bind(lease.name)
+            .bind(lease.holder)
+            .bind(sql::fence_param(lease.fencing_token))
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    /// One `UPDATE .. FROM unnest(..) .. RETURNING name` per 1,000 leases.
-    async fn renew_many(
-        &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
-        let chunks = leases
-            .chunks(sql::RENEW_MANY_CHUNK)
-            .map(|chunk| async move {
-                let mut names = Vec::with_capacity(chunk.len());
-                let mut ttls = Vec::with_capacity(chunk.len());
-                for &(name, ttl) in chunk {
-                    ttls.push(sql::check(name, holder, ttl)?);
-                    names.push(name);
-                }
-                let renewed: Vec<String> =
-                    sqlx::query_scalar(AssertSqlSafe(self.sql.renew_many[0].clone()))
-                        .bind(&names)
-                        .bind(&ttls)
-                        .bind(holder)
-                        .fetch_all(&self.pool)
-                        .await?;
-                let renewed: HashSet<&str> = renewed.iter().map(String::as_str).collect();
-                Ok::<_, Error>(
-                    names
-                        .iter()
-                        .map(|n| renewed.contains(n))
-                        .collect::<Vec<_>>(),
-                )
-            });
-        let mut out = Vec::with_capacity(leases.len());
-        for chunk in futures_util::future::join_all(chunks).await {
-            out.extend(chunk?);
+    /// One `UPDATE .. FROM unnest(..) .. RETURNING name, fence` per holder
+    /// and 1,000 leases.
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        let groups = by_holder(leases);
+        let chunks = groups.iter().flat_map(|(holder, at)| {
+            at.chunks(sql::RENEW_MANY_CHUNK)
+                .map(move |chunk| (*holder, chunk))
+        });
+        let calls = chunks.map(|(holder, at)| async move {
+            let mut names = Vec::with_capacity(at.len());
+            let mut ttls = Vec::with_capacity(at.len());
+            let mut fences = Vec::with_capacity(at.len());
+            for &i in at {
+                let (lease, ttl) = leases[i];
+                ttls.push(sql::check(lease.name, holder, ttl)?);
+                names.push(lease.name);
+                fences.push(sql::fence_param(lease.fencing_token));
+            }
+            let renewed: Vec<(String, i64)> =
+                sqlx::query_as(AssertSqlSafe(self.sql.renew_many[0].clone()))
+                    .bind(&names)
+                    .bind(&ttls)
+                    .bind(&fences)
+                    .bind(holder)
+                    .fetch_all(&self.pool)
+                    .await?;
+            let renewed: HashSet<(&str, i64)> =
+                renewed.iter().map(|(n, f)| (n.as_str(), *f)).collect();
+            Ok::<_, Error>(
+                at.iter()
+                    .zip(names.iter().zip(&fences))
+                    .map(|(&i, (n, f))| (i, f.is_some_and(|f| renewed.contains(&(*n, f)))))
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let mut out = vec![false; leases.len()];
+        for chunk in futures_util::future::join_all(calls).await {
+            for (i, renewed) in chunk? {
+                out[i] = renewed;
+            }
         }
         Ok(out)
     }

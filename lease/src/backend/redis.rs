@@ -8,32 +8,40 @@ use ::redis::{RedisError, Script, ScriptInvocation};
 use deadpool_redis::Pool;
 use futures_util::future::join_all;
 
-use crate::{Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant};
 
 /// Acquire. KEYS: lock, fence. ARGV: holder, ttl in ms.
-/// Returns the fencing token (an integer, or its decimal string), or 0 when
-/// another holder has the lock.
+/// Returns the fencing token (an integer), or 0 when another holder has the
+/// lock.
+///
+/// The lock's value is `{fence}:{holder}`: the fence lives with the lock, so
+/// an idempotent re-acquire returns the lease's real fence even if the fence
+/// key was lost (evicted, deleted), and puts the counter back up to it.
 const ACQUIRE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = redis.call('GET', KEYS[2])
-  if not fence then
-    fence = redis.call('INCR', KEYS[2])
+local value = redis.call('GET', KEYS[1])
+if value then
+  local sep = string.find(value, ':', 1, true)
+  local fence = sep and tonumber(string.sub(value, 1, sep - 1))
+  if fence and string.sub(value, sep + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if counter and counter < fence then
+      redis.call('SET', KEYS[2], fence)
+    end
+    return fence
   end
-  return fence
+  return 0
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.pcall('INCR', KEYS[2])
-  if type(fence) ~= 'number' or fence < 1 then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
-  end
-  return fence
+local fence = redis.pcall('INCR', KEYS[2])
+if type(fence) ~= 'number' or fence < 1 then
+  return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
 end
-return 0
+redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
+return fence
 ";
 
-/// Renew. KEYS: lock. ARGV: holder, ttl in ms. Returns 1 if renewed, 0 if not ours.
+/// Renew. KEYS: lock. ARGV: the acquisition's lock value, ttl in ms.
+/// Returns 1 if renewed, 0 if the lock no longer holds that acquisition.
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -41,13 +49,14 @@ end
 return 0
 ";
 
-/// Renew many. KEYS: locks. ARGV: holder, then the ttl in ms of each key.
-/// Returns one integer per key, in order: 1 if renewed, 0 if not ours.
+/// Renew many. KEYS: locks. ARGV: per key, the acquisition's lock value and
+/// the ttl in ms. Returns one integer per key, in order: 1 if renewed, 0 if
+/// not.
 const RENEW_MANY: &str = r"
 local renewed = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[1] then
-    renewed[i] = redis.call('PEXPIRE', key, ARGV[i + 1])
+  if redis.call('GET', key) == ARGV[2 * i - 1] then
+    renewed[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
   else
     renewed[i] = 0
   end
@@ -57,9 +66,10 @@ return renewed
 
 /// The most keys one [`RENEW_MANY`] call takes: Redis runs a script
 /// without serving anyone else, so a huge batch is split.
-const RENEW_MANY_CHUNK: usize = 1000;
+const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
 
-/// Release. KEYS: lock. ARGV: holder. Returns 1 if deleted, 0 if not ours.
+/// Release. KEYS: lock. ARGV: the acquisition's lock value. Returns 1 if
+/// deleted, 0 if the lock no longer holds that acquisition.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -90,13 +100,22 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 ///
 /// A lease name `name` uses two keys, both in the same cluster hash slot:
 ///
-/// - the lock key `{prefix}{{esc(name)}}`, whose value is the holder and
-///   whose TTL is the lease's ttl (set by Redis, so expiry follows the
-///   server's clock);
+/// - the lock key `{prefix}{{esc(name)}}`, whose value is
+///   `{fencing token}:{holder}` and whose TTL is the lease's ttl (set by
+///   Redis, so expiry follows the server's clock). Renew and release compare
+///   the whole value: they concern one acquisition, so a late request of an
+///   older acquisition (even by the same holder) never touches a newer one;
 /// - the fence key `{prefix}{{esc(name)}}:fence`, a counter `INCR`ed on every
 ///   acquisition (not on an idempotent re-acquire). It never expires, so the
 ///   fencing token keeps growing across releases: expect one small key per
 ///   name ever acquired.
+///
+/// The fencing token of a live lease is kept in its lock's value, so it
+/// never goes back while the lock lives: if the fence key is lost (deleted,
+/// evicted) an idempotent re-acquire still returns the lease's own token and
+/// sets the counter back up to it. If the fence key is lost while *no* lock
+/// of its name lives, the next acquisition starts again at 1: tokens can
+/// then go backwards (see below for what loses keys).
 ///
 /// `esc` percent-encodes exactly `%`, `{` and `}` (as `%25`, `%7B`, `%7D`),
 /// so the part between the braces is the Redis Cluster hash tag, every name
@@ -368,11 +387,22 @@ impl Redis {
         }
     }
 
-    fn renew_call(&self, name: &str, holder: &str, ttl: Duration) -> ScriptInvocation<'static> {
-        let mut call = SCRIPTS.renew.key(self.lock_key(name));
-        call.arg(holder).arg(millis(ttl));
-        call
+    /// The renewal of `lease`, or `None` if it has no fencing token (every
+    /// grant of this backend has one, so it cannot be ours).
+    fn renew_call(
+        &self,
+        lease: Acquisition<'_>,
+        ttl: Duration,
+    ) -> Option<ScriptInvocation<'static>> {
+        let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
+        call.arg(lock_value(lease)?).arg(millis(ttl));
+        Some(call)
     }
+}
+
+/// The value of the lock key while `lease` holds it: `{fence}:{holder}`.
+fn lock_value(lease: Acquisition<'_>) -> Option<String> {
+    Some(format!("{}:{}", lease.fencing_token?, lease.holder))
 }
 
 /// A ttl in whole milliseconds (the engine only passes whole milliseconds).
@@ -381,8 +411,9 @@ fn millis(ttl: Duration) -> u64 {
 }
 
 impl Backend for Redis {
-    /// One script: `SET lock holder NX PX ttl` and `INCR fence`, or — if the
-    /// lock already holds `holder` — `PEXPIRE` and the current fence.
+    /// One script: if the lock is free, `INCR fence` and `SET lock
+    /// "{fence}:{holder}" PX ttl`; if it already holds `holder`, `PEXPIRE`
+    /// and its fence.
     async fn acquire(
         &self,
         name: &str,
@@ -405,18 +436,22 @@ impl Backend for Redis {
         }
     }
 
-    /// `PEXPIRE lock ttl` iff the lock holds `holder`.
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
-        let renewed = self
-            .run::<i64>("renew", &[self.renew_call(name, holder, ttl)])
-            .await?;
+    /// `PEXPIRE lock ttl` iff the lock still holds this acquisition.
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let Some(call) = self.renew_call(lease, ttl) else {
+            return Ok(false);
+        };
+        let renewed = self.run::<i64>("renew", &[call]).await?;
         Ok(renewed.first() == Some(&1))
     }
 
-    /// `DEL lock` iff the lock holds `holder`. The fence key stays.
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
-        let mut call = SCRIPTS.release.key(self.lock_key(name));
-        call.arg(holder);
+    /// `DEL lock` iff the lock still holds this acquisition. The fence key stays.
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        let Some(value) = lock_value(lease) else {
+            return Ok(());
+        };
+        let mut call = SCRIPTS.release.key(self.lock_key(lease.name));
+        call.arg(value);
         self.run::<i64>("release", &[call]).await?;
         Ok(())
     }
@@ -424,34 +459,49 @@ impl Backend for Redis {
     /// One script over all the keys (per 1,000), which answers for each
     /// lease; on a cluster proxy that refuses a script over keys of several
     /// hash slots (`CROSSSLOT`), one script per key, pipelined.
-    async fn renew_many(
-        &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
-        let calls: Vec<_> = leases
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        // Leases without a fencing token cannot be ours: answered `false`
+        // without asking.
+        let ours: Vec<(usize, String, Duration)> = leases
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &(lease, ttl))| Some((i, lock_value(lease)?, ttl)))
+            .collect();
+        let mut out = vec![false; leases.len()];
+        let calls: Vec<_> = ours
             .chunks(RENEW_MANY_CHUNK)
             .map(|chunk| {
                 let mut call = SCRIPTS.renew_many.prepare_invoke();
-                call.arg(holder);
-                for &(name, ttl) in chunk {
-                    call.key(self.lock_key(name)).arg(millis(ttl));
+                for (i, value, ttl) in chunk {
+                    call.key(self.lock_key(leases[*i].0.name))
+                        .arg(value)
+                        .arg(millis(*ttl));
                 }
                 call
             })
             .collect();
-        match self.run::<Vec<i64>>("renew", &calls).await {
-            Ok(renewed) => Ok(renewed.into_iter().flatten().map(|r| r == 1).collect()),
+        let renewed: Vec<i64> = match self.run::<Vec<i64>>("renew", &calls).await {
+            Ok(renewed) => renewed.into_iter().flatten().collect(),
             Err(Error::Redis(e)) if e.code() == Some("CROSSSLOT") => {
-                let calls: Vec<_> = leases
+                let calls: Vec<_> = ours
                     .iter()
-                    .map(|&(name, ttl)| self.renew_call(name, holder, ttl))
+                    .filter_map(|&(i, _, ttl)| self.renew_call(leases[i].0, ttl))
                     .collect();
-                let renewed = self.run::<i64>("renew", &calls).await?;
-                Ok(renewed.into_iter().map(|r| r == 1).collect())
+                self.run::<i64>("renew", &calls).await?
             }
-            Err(e) => Err(e),
+            Err(e) => return Err(e),
+        };
+        if renewed.len() != ours.len() {
+            return Err(Error::Protocol(format!(
+                "the renew script answered {} results for {} leases",
+                renewed.len(),
+                ours.len()
+            )));
         }
+        for ((i, _, _), r) in ours.iter().zip(renewed) {
+            out[*i] = r == 1;
+        }
+        Ok(out)
     }
 }
 

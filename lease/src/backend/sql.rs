@@ -18,7 +18,7 @@ const LIST: &str = "{list}";
 
 /// The most leases one batched renewal statement takes; larger batches are
 /// split (the engine never sends larger ones).
-pub(crate) const RENEW_MANY_CHUNK: usize = 1000;
+pub(crate) const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
 
 /// The list lengths the batched statements are built for, when a backend
 /// binds one parameter (or pair) per lease: a batch is padded up to the next
@@ -136,6 +136,13 @@ pub(crate) fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Erro
 pub(crate) fn check_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
     validate::name(name)?;
     validate::holder(holder)
+}
+
+/// A fencing token as bound to the `fence` column. `None` (no grant of a
+/// table backend has none) and tokens beyond `i64` (no table hands them out)
+/// bind NULL, which matches no row.
+pub(crate) fn fence_param(fencing_token: Option<u64>) -> Option<i64> {
+    fencing_token.and_then(|t| i64::try_from(t).ok())
 }
 
 /// A valid ttl (10 ms ..= 24 h, whole ms) as integer milliseconds.

@@ -8,7 +8,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{AssertSqlSafe, SqlitePool};
 
 use super::sql::{self, Statements, Templates};
-use crate::{Backend, Error, Grant};
+use crate::backend::by_holder;
+use crate::{Acquisition, Backend, Error, Grant};
 
 /// The host's wall clock as integer Unix milliseconds, computed by SQLite.
 ///
@@ -45,29 +46,34 @@ const TEMPLATES: Templates = Templates {
         now_ms!(),
         " OR l.holder = excluded.holder RETURNING fence"
     ),
+    // Renew and release match the acquisition: name, holder and fence.
     renew: concat!(
         "UPDATE {table} SET expires_at = ",
         now_ms!(),
-        " + ?3 WHERE name = ?1 AND holder = ?2 AND expires_at > ",
+        " + ?3 WHERE name = ?1 AND holder = ?2 AND fence = ?4 AND expires_at > ",
         now_ms!()
     ),
+    // A released row expires at the epoch, not at "now": expired for every
+    // statement, whatever instant it takes as its "now".
     release: concat!(
-        "UPDATE {table} SET expires_at = ",
-        now_ms!(),
-        " WHERE name = ?1 AND holder = ?2 AND expires_at > ",
+        "UPDATE {table} SET expires_at = 0 \
+         WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > ",
         now_ms!()
     ),
-    // Many renewals in one statement: `(name, ttl)` pairs, then the holder;
-    // the names of the rows renewed come back.
+    // Many renewals in one statement: `(name, ttl, fence)` triples, then
+    // the holder; the (name, fence) of the rows renewed come back.
     renew_many: concat!(
         "UPDATE {table} AS l SET expires_at = ",
         now_ms!(),
-        " + b.lease_ttl FROM (SELECT column1 AS lease_name, column2 AS lease_ttl          FROM (VALUES {list})) AS b WHERE l.name = b.lease_name AND l.holder = ?          AND l.expires_at > ",
+        " + b.lease_ttl FROM (SELECT column1 AS lease_name, column2 AS lease_ttl, \
+         column3 AS lease_fence FROM (VALUES {list})) AS b \
+         WHERE l.name = b.lease_name AND l.fence = b.lease_fence AND l.holder = ? \
+         AND l.expires_at > ",
         now_ms!(),
-        " RETURNING name"
+        " RETURNING name, fence"
     ),
     renewed_many: "",
-    list_item: "(?, ?)",
+    list_item: "(?, ?, ?)",
 };
 
 /// How long a statement waits for another connection's write lock before it
@@ -102,11 +108,14 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
 ///   acquisition of a name, one more for each later one, unchanged when the
 ///   holder re-acquires its own live lease.
-/// - **Release keeps the row**: it sets `expires_at` to now, so the fence never
-///   restarts. Rows are never deleted by this crate.
+/// - **Release keeps the row**: it sets `expires_at` to the epoch (0), so the fence
+///   never restarts, and a statement that waited for the release's row lock
+///   sees the row expired whatever instant it took as its "now". Rows are never deleted by this crate.
 /// - **One statement per call**, in autocommit: acquire is a single
 ///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`, renew
-///   and release are single `UPDATE`s matched on name, holder and expiry.
+///   and release are single `UPDATE`s matched on name, holder, fence and
+///   expiry: they concern one acquisition, so a late request of an older
+///   acquisition never touches a newer one.
 ///   Renew never inserts a row.
 /// - **Batched renewals**: the renewals of many leases of one holder
 ///   ([`Backend::renew_many`], which the engine uses) are one
@@ -134,7 +143,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Backend, backend::SqliteTable};
+/// use lease::{Acquisition, Backend, backend::SqliteTable};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
 /// let path = std::env::temp_dir().join(format!("lease-doc-{}.db", std::process::id()));
@@ -144,7 +153,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// assert!(first.is_some());
 /// assert!(table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?.is_none());
 ///
-/// table.release("nightly-report", "pod-a").await?;
+/// let fence = first.and_then(|g| g.fencing_token);
+/// table.release(Acquisition::new("nightly-report", "pod-a", fence)).await?;
 /// let second = table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?;
 /// let fence = |g: Option<lease::Grant>| g.and_then(|g| g.fencing_token);
 /// assert_eq!(fence(second), fence(first).map(|f| f + 1));
@@ -358,54 +368,62 @@ impl Backend for SqliteTable {
             .transpose()
     }
 
-    async fn renew(&self, name: &str, holder: &str, ttl: Duration) -> Result<bool, Error> {
-        let ttl_ms = sql::check(name, holder, ttl)?;
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let ttl_ms = sql::check(lease.name, lease.holder, ttl)?;
         let done = sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
-            .bind(name)
-            .bind(holder)
+            .bind(lease.name)
+            .bind(lease.holder)
             .bind(ttl_ms)
+            .bind(sql::fence_param(lease.fencing_token))
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
-    async fn release(&self, name: &str, holder: &str) -> Result<(), Error> {
-        sql::check_no_ttl(name, holder)?;
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        sql::check_no_ttl(lease.name, lease.holder)?;
         sqlx::query(AssertSqlSafe(self.sql.release.clone()))
-            .bind(name)
-            .bind(holder)
+            .bind(lease.name)
+            .bind(lease.holder)
+            .bind(sql::fence_param(lease.fencing_token))
             .execute(&self.pool)
             .await?;
         Ok(())
     }
 
-    /// One `UPDATE .. FROM (VALUES ..) .. RETURNING name` per 1,000 leases.
-    async fn renew_many(
-        &self,
-        holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
-        let mut out = Vec::with_capacity(leases.len());
+    /// One `UPDATE .. FROM (VALUES ..) .. RETURNING name, fence` per holder
+    /// and 1,000 leases.
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        let mut out = vec![false; leases.len()];
         // One after the other: SQLite has one writer at a time anyway.
-        for chunk in leases.chunks(sql::RENEW_MANY_CHUNK) {
-            let mut pairs = Vec::with_capacity(chunk.len());
-            for &(name, ttl) in chunk {
-                pairs.push((name, sql::check(name, holder, ttl)?));
+        for (holder, at) in by_holder(leases) {
+            for chunk in at.chunks(sql::RENEW_MANY_CHUNK) {
+                let mut items = Vec::with_capacity(chunk.len());
+                for &i in chunk {
+                    let (lease, ttl) = leases[i];
+                    let ttl_ms = sql::check(lease.name, holder, ttl)?;
+                    items.push((lease.name, ttl_ms, sql::fence_param(lease.fencing_token)));
+                }
+                let size = sql::list_size(items.len());
+                let last = *items.last().expect("BUG: an empty chunk");
+                let padded = items.iter().copied().chain(std::iter::repeat_n(
+                    last,
+                    sql::LIST_SIZES[size] - items.len(),
+                ));
+                let query = sqlx::query_as(AssertSqlSafe(self.sql.renew_many[size].clone()));
+                let renewed: Vec<(String, i64)> = padded
+                    .fold(query, |q, (name, ttl_ms, fence)| {
+                        q.bind(name).bind(ttl_ms).bind(fence)
+                    })
+                    .bind(holder)
+                    .fetch_all(&self.pool)
+                    .await?;
+                let renewed: HashSet<(&str, i64)> =
+                    renewed.iter().map(|(n, f)| (n.as_str(), *f)).collect();
+                for (&i, (name, _, fence)) in chunk.iter().zip(&items) {
+                    out[i] = fence.is_some_and(|f| renewed.contains(&(*name, f)));
+                }
             }
-            let size = sql::list_size(pairs.len());
-            let last = *pairs.last().expect("BUG: an empty chunk");
-            let padded = pairs.iter().copied().chain(std::iter::repeat_n(
-                last,
-                sql::LIST_SIZES[size] - pairs.len(),
-            ));
-            let query = sqlx::query_scalar(AssertSqlSafe(self.sql.renew_many[size].clone()));
-            let renewed: Vec<String> = padded
-                .fold(query, |q, (name, ttl_ms)| q.bind(name).bind(ttl_ms))
-                .bind(holder)
-                .fetch_all(&self.pool)
-                .await?;
-            let renewed: HashSet<&str> = renewed.iter().map(String::as_str).collect();
-            out.extend(pairs.iter().map(|(name, _)| renewed.contains(name)));
         }
         Ok(out)
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::Memory;
-use crate::{Backend, Error, Grant, Lease, Outcome, Skip};
+use crate::{Acquisition, Backend, Error, Grant, Lease, Outcome, Skip};
 
 const TTL: Duration = Duration::from_secs(3);
 const PERIOD: Duration = Duration::from_secs(1);
@@ -48,6 +48,8 @@ struct Script {
     fence: u64,
     /// What releases do (default: answer at once).
     release: Option<Step>,
+    /// The fencing token of every lease renewed or released, in order.
+    fences: Vec<Option<u64>>,
 }
 
 /// A backend whose acquisitions always succeed and whose renewals follow a script.
@@ -114,14 +116,16 @@ impl Backend for Scripted {
         Ok(Some(Grant::new(Some(s.fence))))
     }
 
-    async fn renew(&self, name: &str, _holder: &str, _ttl: Duration) -> Result<bool, Error> {
-        self.record(Call::Renew(name.into()));
+    async fn renew(&self, lease: Acquisition<'_>, _ttl: Duration) -> Result<bool, Error> {
+        self.record(Call::Renew(lease.name.into()));
+        self.0.lock().unwrap().fences.push(lease.fencing_token);
         let step = self.next_step();
         run(step).await
     }
 
-    async fn release(&self, name: &str, _holder: &str) -> Result<(), Error> {
-        self.record(Call::Release(name.into()));
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.record(Call::Release(lease.name.into()));
+        self.0.lock().unwrap().fences.push(lease.fencing_token);
         let step = self.0.lock().unwrap().release.clone();
         match step {
             None => Ok(()),
@@ -129,14 +133,12 @@ impl Backend for Scripted {
         }
     }
 
-    async fn renew_many(
-        &self,
-        _holder: &str,
-        leases: &[(&str, Duration)],
-    ) -> Result<Vec<bool>, Error> {
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         self.record(Call::RenewMany(
-            leases.iter().map(|(n, _)| n.to_string()).collect(),
+            leases.iter().map(|(l, _)| l.name.to_string()).collect(),
         ));
+        let fences = leases.iter().map(|(l, _)| l.fencing_token);
+        self.0.lock().unwrap().fences.extend(fences);
         let step = self.next_step();
         let ok = run(step).await?;
         Ok(vec![ok; leases.len()])
@@ -151,6 +153,44 @@ async fn cancelled_after(guard: &crate::LeaseGuard, t0: Instant) -> Duration {
 
 fn is_renew(c: &Call) -> bool {
     matches!(c, Call::Renew(_) | Call::RenewMany(_))
+}
+
+#[tokio::test(start_paused = true)]
+async fn renewals_and_the_release_carry_the_grants_fencing_token() {
+    let backend = Scripted::new([], Step::Answer(true));
+    backend.0.lock().unwrap().fence = 41;
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let one = lease.try_acquire("one", TTL).await.unwrap().unwrap();
+    let two = lease.try_acquire("two", TTL).await.unwrap().unwrap();
+    assert_eq!(
+        (one.fencing_token(), two.fencing_token()),
+        (Some(42), Some(43))
+    );
+    sleep(PERIOD * 2 + ms(10)).await;
+    two.release().await.unwrap();
+    sleep(PERIOD).await;
+    one.release().await.unwrap();
+    let calls: Vec<Call> = backend.calls().into_iter().map(|(_, c)| c).collect();
+    let fences = backend.0.lock().unwrap().fences.clone();
+    // Each lease's renewals and release carry its own grant's token.
+    let mut expected = Vec::new();
+    for call in &calls {
+        match call {
+            Call::Acquire(_) => {}
+            Call::Renew(n) | Call::Release(n) => expected.push(fence_of(n)),
+            Call::RenewMany(names) => expected.extend(names.iter().map(|n| fence_of(n))),
+        }
+    }
+    assert!(expected.len() >= 4, "{calls:?}");
+    assert_eq!(fences, expected, "{calls:?}");
+}
+
+fn fence_of(name: &str) -> Option<u64> {
+    match name {
+        "one" => Some(42),
+        "two" => Some(43),
+        other => panic!("unexpected lease {other}"),
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -485,10 +525,10 @@ async fn a_hanging_acquire_times_out() {
         async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
             std::future::pending().await
         }
-        async fn renew(&self, _: &str, _: &str, _: Duration) -> Result<bool, Error> {
+        async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
             Ok(true)
         }
-        async fn release(&self, _: &str, _: &str) -> Result<(), Error> {
+        async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
             Ok(())
         }
     }
