@@ -2,7 +2,7 @@
 //! `lease::__private::run`; every behaviour lives (and is tested) in `lease`.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{ToTokens, quote, quote_spanned};
+use quote::{ToTokens, TokenStreamExt, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Block, Expr, Item, ItemFn, ReturnType, Stmt, Type};
@@ -59,10 +59,14 @@ fn parse_fn(item: TokenStream) -> syn::Result<ItemFn> {
 /// let __lease = <lease expr, or the global default>;
 /// ::lease::__private::run(__lease, "<name>", <ttl ms>, <min_hold ms>, move |<token>, <fence>| async move {
 ///     <fake return edge>
-///     <the original body>
+///     <the original body, braces included>
 /// })
 /// .await
 /// ```
+///
+/// except that a body that is a single expression, `{ <expr> }`, loses its
+/// braces: the async block is then `async move { <fake return edge> <expr> }`,
+/// in the body's braces.
 fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     let Singleton {
         name,
@@ -128,11 +132,29 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
         }
     };
     let block = &item.block;
+    let job_body = if is_one_expression(block) {
+        // `{ true }` kept as a block would be a lone expression in braces at
+        // the end of the async block, which rustc lints on the user's code
+        // (`unused_braces`, suggesting code that does not compile). So the
+        // expression goes into the async block itself, whose braces are the
+        // body's own.
+        let mut tokens = TokenStream::new();
+        block.brace_token.surround(&mut tokens, |tokens| {
+            fake_return_edge.to_tokens(tokens);
+            tokens.append_all(&block.stmts);
+        });
+        tokens
+    } else {
+        // Any other body keeps its block, as rustc does in an `async fn`:
+        // its items stay out of the fake return edge's scope (a `use
+        // std::io::Result;` in the body must not change the signature's
+        // `Result` there), and clippy sees the same shape as in a plain
+        // `async fn` (spliced in, a body's `for` loop then `None` got clippy's
+        // `manual_find`, which the same plain `async fn` does not get).
+        quote!({ #fake_return_edge #block })
+    };
     let job = quote! {
-        move |#token, #fence| async move {
-            #fake_return_edge
-            #block
-        }
+        move |#token, #fence| async move #job_body
     };
     // The return type must be `Skippable`: the call is spanned on it, so that
     // is where an unsupported type is reported.
@@ -146,6 +168,20 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
         stmts: vec![Stmt::Expr(Expr::Verbatim(body), None)],
     });
     item.into_token_stream()
+}
+
+/// Whether the body is a single expression, `{ expr }`: the braces rustc
+/// lints as unnecessary when they are kept around it. A macro call without a
+/// `;` counts (`{ println!("..") }` is linted too).
+fn is_one_expression(block: &Block) -> bool {
+    matches!(
+        block.stmts.as_slice(),
+        [Stmt::Expr(_, None)]
+            | [Stmt::Macro(syn::StmtMacro {
+                semi_token: None,
+                ..
+            })]
+    )
 }
 
 /// `impl Trait` is not allowed in a `let`'s type: infer it instead.
@@ -248,6 +284,67 @@ mod tests {
             }
         };
         assert_eq!(singleton(args, item).to_string(), expected.to_string());
+    }
+
+    /// `{ expr }` goes into the async block as `expr`: kept, its braces get
+    /// `unused_braces` on the user's code.
+    #[test]
+    fn one_expression_body_loses_its_braces() {
+        let args = quote!(name = "n", ttl = "10ms", lease = self.lease);
+        let item = quote!(
+            async fn ready(&self) -> bool {
+                self.ready
+            }
+        );
+        let expected = quote! {
+            async fn ready(&self) -> bool {
+                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
+                ::lease::__private::run(__lease, "n", 10u64, ::core::option::Option::None, move |_, _| async move {
+                    #[allow(
+                        unreachable_code,
+                        clippy::diverging_sub_expression,
+                        clippy::empty_loop,
+                        clippy::let_unit_value,
+                        clippy::let_with_type_underscore,
+                        clippy::needless_return,
+                    )]
+                    if false {
+                        let __fake_return: bool = loop {};
+                        return __fake_return;
+                    }
+                    self.ready
+                })
+                .await
+            }
+        };
+        assert_eq!(singleton(args, item).to_string(), expected.to_string());
+    }
+
+    #[test]
+    fn only_a_lone_expression_is_one_expression() {
+        let one = |block: TokenStream| -> bool {
+            let block: Block = syn::parse2(block).expect("a block");
+            is_one_expression(&block)
+        };
+        assert!(one(quote!({ true })));
+        assert!(one(quote!({ Ok(()) })));
+        assert!(one(quote!({ if ok { Some(1) } else { None } })));
+        assert!(one(quote!({ ok!() })));
+        assert!(!one(quote!({})));
+        assert!(!one(quote!({
+            step();
+        })));
+        assert!(!one(quote!({
+            ok!();
+        })));
+        assert!(!one(quote!({
+            let n = 1;
+            Some(n)
+        })));
+        assert!(!one(quote!({
+            fn helper() {}
+            helper()
+        })));
     }
 
     #[test]

@@ -113,6 +113,11 @@
 //! lease at all). The locals `__lease` and `__fake_return` are hygienic:
 //! the body cannot see them.
 //!
+//! The body keeps its braces, as above, unless it is a single expression:
+//! `{ Some(0) }` goes in as `Some(0)`, right after the `if false { .. }`.
+//! Kept, its braces would enclose the async block's value alone, which
+//! rustc warns about on your code (`unused_braces`).
+//!
 //! # Without the macro
 //!
 //! - [`Lease`] pairs a [`Backend`] (where leases are stored) with this
