@@ -13,7 +13,8 @@
 //! proxy.set_mode(Mode::BlackHole);                         // nothing gets through
 //! proxy.set_mode(Mode::Pass);                              // healed: held bytes flow on
 //! let cut = proxy.reset();                                 // RST every open connection
-//! # let _ = cut; }
+//! let stuck = proxy.black_hole_open();                     // the open ones go silent for good
+//! # let _ = (cut, stuck); }
 //! ```
 //!
 //! # Modes
@@ -30,6 +31,21 @@
 //!   retransmit them once a partition heals. New connections are accepted
 //!   but not connected upstream until then.
 //!
+//! # Black-holing only the open connections
+//!
+//! [`black_hole_open`](FaultProxy::black_hole_open) black-holes the
+//! connections open at that moment *for good*, while new connections keep
+//! following the mode (in [`Mode::Pass`], they reach the server at once).
+//! This is a half-open connection whose path is gone but whose endpoints were
+//! never told — a failover behind a virtual IP, a NAT or load-balancer entry
+//! dropped, a peer that vanished: writes to it succeed, no answer ever comes,
+//! no error is ever reported (until the kernel's retransmissions give up,
+//! about 15 minutes on Linux), and only a new connection reaches the server.
+//! Such a connection never heals: changing the mode does not deliver its
+//! held bytes. Only [`reset`](FaultProxy::reset) (or dropping the proxy) ends
+//! it. [`accepted`](FaultProxy::accepted) counts the connections ever
+//! accepted, to see how many new ones a client opened.
+//!
 //! [`reset`](FaultProxy::reset) closes every open connection abruptly on both
 //! sides (`SO_LINGER` 0, so each side gets a TCP RST, not a FIN), whatever the
 //! mode. The server's side ending (for example a killed session) ends the
@@ -39,7 +55,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,12 +84,35 @@ impl Mode {
     }
 }
 
+/// What every connection watches: the mode, and which connections are
+/// black-holed for good whatever the mode.
+#[derive(Debug, Clone, Copy)]
+struct State {
+    mode: Mode,
+    /// Connections numbered below this are black-holed for good
+    /// ([`FaultProxy::black_hole_open`]).
+    stuck_below: u64,
+}
+
+impl State {
+    /// The mode that applies to connection number `id`.
+    fn mode_of(self, id: u64) -> Mode {
+        if id < self.stuck_below {
+            Mode::BlackHole
+        } else {
+            self.mode
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Shared {
-    mode: watch::Sender<Mode>,
+    state: watch::Sender<State>,
     /// Notified (all waiters) on [`FaultProxy::reset`].
     reset: Notify,
     open: AtomicUsize,
+    /// Connections accepted so far; also the number of the next one.
+    accepted: AtomicU64,
     upstream: SocketAddr,
 }
 
@@ -99,9 +138,13 @@ impl FaultProxy {
             .expect("bind a local port");
         let addr = listener.local_addr().expect("local address");
         let shared = Arc::new(Shared {
-            mode: watch::Sender::new(Mode::Pass),
+            state: watch::Sender::new(State {
+                mode: Mode::Pass,
+                stuck_below: 0,
+            }),
             reset: Notify::new(),
             open: AtomicUsize::new(0),
+            accepted: AtomicU64::new(0),
             upstream,
         });
         let accept = shared.clone();
@@ -111,7 +154,8 @@ impl FaultProxy {
                 tokio::select! {
                     accepted = listener.accept() => match accepted {
                         Ok((client, _)) => {
-                            connections.spawn(connection(client, accept.clone()));
+                            let id = accept.accepted.fetch_add(1, Ordering::Relaxed);
+                            connections.spawn(connection(client, id, accept.clone()));
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },
@@ -129,12 +173,30 @@ impl FaultProxy {
 
     /// The current mode.
     pub fn mode(&self) -> Mode {
-        *self.shared.mode.borrow()
+        self.shared.state.borrow().mode
     }
 
-    /// Switch the mode; applies to open connections at once.
+    /// Switch the mode; applies to open connections at once (except those
+    /// black-holed for good by [`black_hole_open`](FaultProxy::black_hole_open)).
     pub fn set_mode(&self, mode: Mode) {
-        self.shared.mode.send_replace(mode);
+        self.shared.state.send_modify(|state| state.mode = mode);
+    }
+
+    /// Black-hole every connection open now, for good, whatever the mode
+    /// (see the [module docs](self#black-holing-only-the-open-connections));
+    /// connections accepted afterwards follow the mode. Returns how many
+    /// connections were open.
+    pub fn black_hole_open(&self) -> usize {
+        let next = self.shared.accepted.load(Ordering::Relaxed);
+        self.shared
+            .state
+            .send_modify(|state| state.stuck_below = state.stuck_below.max(next));
+        self.connections()
+    }
+
+    /// How many connections the proxy has accepted since it started.
+    pub fn accepted(&self) -> u64 {
+        self.shared.accepted.load(Ordering::Relaxed)
     }
 
     /// Close every open connection abruptly (RST to both sides); returns how
@@ -175,16 +237,16 @@ fn rst_on_close(stream: &TcpStream) {
     let _ = stream.set_linger(Some(Duration::ZERO));
 }
 
-async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
+async fn connection(mut client: TcpStream, id: u64, shared: Arc<Shared>) {
     shared.open.fetch_add(1, Ordering::Relaxed);
     let _open = Open(shared.clone());
     let reset = shared.reset.notified();
     tokio::pin!(reset);
     reset.as_mut().enable();
     // In a black hole, wait for the partition to heal before connecting.
-    let mut mode = shared.mode.subscribe();
+    let mut state = shared.state.subscribe();
     let connect = async {
-        let _ = mode.wait_for(|m| *m != Mode::BlackHole).await;
+        let _ = state.wait_for(|s| s.mode_of(id) != Mode::BlackHole).await;
         TcpStream::connect(shared.upstream).await
     };
     let mut server = tokio::select! {
@@ -203,8 +265,8 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
         tokio::select! {
-            () = pump(client_read, server_write, shared.mode.subscribe()) => false,
-            () = pump(server_read, client_write, shared.mode.subscribe()) => false,
+            () = pump(client_read, server_write, id, shared.state.subscribe()) => false,
+            () = pump(server_read, client_write, id, shared.state.subscribe()) => false,
             () = reset.as_mut() => true,
         }
     };
@@ -216,24 +278,34 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
     // Dropping both streams closes them.
 }
 
-/// Forward one direction until the reading side ends or the writing side fails.
-async fn pump(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, mode: watch::Receiver<Mode>) {
+/// Forward one direction of connection number `id` until the reading side
+/// ends or the writing side fails.
+async fn pump(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    id: u64,
+    state: watch::Receiver<State>,
+) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-    let read_mode = mode.clone();
+    let read_state = state.clone();
     let read = async move {
         let mut buf = vec![0; 16 * 1024];
         while let Ok(n @ 1..) = from.read(&mut buf).await {
-            let at = Instant::now() + read_mode.borrow().delay();
+            let at = Instant::now() + read_state.borrow().mode_of(id).delay();
             if tx.send((at, buf[..n].to_vec())).is_err() {
                 return;
             }
         }
     };
     let write = async move {
-        let mut mode = mode;
+        let mut state = state;
         while let Some((at, bytes)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
-            if mode.wait_for(|m| *m != Mode::BlackHole).await.is_err() {
+            if state
+                .wait_for(|s| s.mode_of(id) != Mode::BlackHole)
+                .await
+                .is_err()
+            {
                 return;
             }
             if to.write_all(&bytes).await.is_err() {

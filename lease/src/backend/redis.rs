@@ -1,6 +1,6 @@
 //! [`Redis`]: `SET NX PX` locks with token-checked Lua renew and release.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -136,19 +136,55 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// a Redis Cluster proxy that rejects it with `CROSSSLOT`, the renewals are
 /// sent one script per key instead, pipelined.
 ///
-/// The backend takes one connection from the pool and keeps using it for
-/// every call: a [`MultiplexedConnection`] pipelines concurrent requests,
-/// and checking one out of the pool for each call would cost a round trip
-/// of its own (deadpool-redis checks a connection with `PING` each time it
-/// hands it out). Each call is bounded by the backend's
-/// [timeout](Redis::with_timeout) (default 5 s) — getting a connection
-/// included — after which it fails with [`Error::Timeout`]. If the
-/// connection turns out to be dead (the server restarted, `CLIENT KILL`, a
-/// proxy closed it), it is dropped and the call is retried once at once on
-/// another connection from the pool, within the same timeout: all the
-/// scripts are idempotent. Renewals that fail anyway are retried by the
-/// engine until the lease's local deadline, so a connection killed while a
-/// lease is held does not lose the lease.
+/// # Connection
+///
+/// The backend sends every call on one connection of its own, a
+/// [`MultiplexedConnection`] that pipelines concurrent requests (checking a
+/// connection out of the pool for each call would cost a round trip of its
+/// own: deadpool-redis checks a connection with `PING` each time it hands it
+/// out). It takes that connection from the pool and removes it from the pool
+/// for good ([`deadpool_redis::Connection::take`]): the pool's connection
+/// settings and hooks apply to it, but no other user of the pool ever sends
+/// a command on it — a `BLPOP`, a slow command or a `MULTI` of the
+/// application cannot hold up a renewal — and it no longer counts against
+/// the pool's size. Clones of the backend share it.
+///
+/// Each call is bounded by the backend's [timeout](Redis::with_timeout)
+/// (default 5 s), getting a connection included, after which it fails with
+/// [`Error::Timeout`]. Each request on the connection is also bounded by the
+/// connection's own response timeout (redis' default is 500 ms, unless the
+/// pool's connection settings choose another), after which it fails with a
+/// [`Error::Redis`] timeout; and the engine gives every call a time limit
+/// of its own (a renewal at most `ttl/3`), at which it drops the call.
+///
+/// A connection that leaves a request without its answer is never used
+/// again. When a request times out (by any of these limits), is dropped
+/// before its answer arrived, or fails on the connection (an I/O error; the
+/// server closed it, after a restart or a `CLIENT KILL`; a `READONLY` error
+/// from a primary demoted to a replica), the connection is retired and the
+/// next call takes a new one from the pool (calls that need one at the same
+/// time wait for the same new connection rather than each taking one). The
+/// call that failed that way is retried once at once, on the new
+/// connection, within the same timeout: all the scripts are idempotent.
+/// An error reply of the server (it answered) keeps the connection.
+///
+/// So a connection that stops answering without being closed — a half-open
+/// socket after a network partition, a failover behind a virtual IP, a lost
+/// NAT entry, which TCP itself reports only after about 15 minutes — is
+/// retired when the first call sent into the silence reaches its time
+/// limit: the shortest of the backend's timeout (5 s by default), the
+/// response timeout (500 ms by default) and the engine's limit for that
+/// call (`ttl/3` for a renewal, `min(ttl - margin, 30 s)` for an
+/// acquisition). Every call that starts after that goes to a new
+/// connection, which costs the time to get one from the pool (a new TCP
+/// connection, or the pool's `PING` of an idle one; if the pool is
+/// exhausted, it waits for a free slot, within the call's time limit).
+/// With redis' default response timeout, the call that ran into the silent
+/// connection is itself retried on a new one after 500 ms. Calls already in
+/// flight on the retired connection fail at their own time limits.
+/// Renewals that fail are retried by the engine until the lease's local
+/// deadline, so a connection that dies or goes silent while a lease is held
+/// does not lose the lease if a new connection works before then.
 ///
 /// A call therefore costs one round trip (plus `SCRIPT LOAD` the first time
 /// on a server), and a renewal must answer within `ttl/3`: choose a ttl well
@@ -211,9 +247,80 @@ pub struct Redis {
     pool: Pool,
     prefix: Arc<str>,
     timeout: Duration,
-    /// The connection every call uses, taken from `pool` on first use and
-    /// again after it died. Shared by clones.
-    conn: Arc<Mutex<Option<MultiplexedConnection>>>,
+    /// The connection every call uses, taken out of `pool` on first use and
+    /// again after it was retired. Shared by clones.
+    conn: Arc<Shared>,
+}
+
+/// The connection state that clones of a [`Redis`] share.
+#[derive(Default)]
+struct Shared {
+    /// The connection in use: none before the first call and after the
+    /// last one was retired.
+    current: Mutex<Option<Arc<MultiplexedConnection>>>,
+    /// Held while a new connection is taken from the pool, so that the
+    /// calls that find none wait for the same one instead of each taking one.
+    opening: tokio::sync::Mutex<()>,
+}
+
+/// One request in flight on a connection, from just before it is sent
+/// until its answer: if it ends any other way — it is dropped (the
+/// backend's or the engine's time limit ran out, or the caller gave up) or
+/// fails without an answer — the connection is retired ([`Redis::retire`]).
+struct InFlight<'a> {
+    redis: &'a Redis,
+    conn: Arc<MultiplexedConnection>,
+    answered: bool,
+}
+
+impl InFlight<'_> {
+    /// The request ended with `result`: anything but an answer from the
+    /// server retires the connection (and asks for a retry).
+    fn finish<T>(mut self, result: &Result<T, RedisError>) -> Ended {
+        match result {
+            Ok(_) => {
+                self.answered = true;
+                Ended::Answered
+            }
+            Err(e) if connection_failed(e) => {
+                tracing::debug!(error = %e, "redis connection failed; retiring it");
+                Ended::ConnectionFailed
+            }
+            Err(_) => {
+                self.answered = true;
+                Ended::Answered
+            }
+        }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.redis.retire(&self.conn);
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The server answered (a value or an error reply).
+    Answered,
+    /// No answer, or a connection that cannot be trusted: it was retired.
+    ConnectionFailed,
+}
+
+/// `e` says nothing came back on the connection (a timeout, an I/O error,
+/// a closed connection), or that it is unusable (a protocol error, failed
+/// authentication), or that it leads to a primary demoted to a replica
+/// (`READONLY`, after a failover behind the same address).
+fn connection_failed(e: &RedisError) -> bool {
+    e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_unrecoverable_error()
+        || e.code() == Some("READONLY")
 }
 
 impl std::fmt::Debug for Redis {
@@ -264,11 +371,14 @@ impl Redis {
         })
     }
 
-    /// Give every Redis call (pool checkout and command together) at most
-    /// `timeout` (default 5 s); a call that takes longer fails with
-    /// [`Error::Timeout`]. The engine applies its own, often shorter,
-    /// limits on top (a renewal gets at most `ttl/3`). A zero timeout makes
-    /// every call fail.
+    /// Give every Redis call (getting a connection, the command, and its one
+    /// retry on a new connection together) at most `timeout` (default 5 s);
+    /// a call that takes longer fails with [`Error::Timeout`], and its
+    /// connection is retired (see [Connection](Redis#connection)). The
+    /// connection's own response timeout (redis' default: 500 ms) bounds
+    /// each request within it, and the engine applies its own, often
+    /// shorter, limits on top (a renewal gets at most `ttl/3`). A zero
+    /// timeout makes every call fail.
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
@@ -320,26 +430,46 @@ impl Redis {
         self.lock_key(name) + ":fence"
     }
 
-    /// The shared connection, taken from the pool if there is none.
-    async fn connection(&self) -> Result<MultiplexedConnection, Error> {
+    /// The backend's connection; if there is none, one taken out of the
+    /// pool for good (by one caller at a time: the others wait for it).
+    async fn connection(&self) -> Result<Arc<MultiplexedConnection>, Error> {
         if let Some(conn) = self.cached().clone() {
             return Ok(conn);
         }
-        // The pooled object goes back to the pool at once; the clone shares
-        // its socket.
-        let conn = (*self.pool.get().await?).clone();
-        Ok(self.cached().get_or_insert(conn).clone())
+        let _opening = self.conn.opening.lock().await;
+        if let Some(conn) = self.cached().clone() {
+            // Another call took one while this one waited.
+            return Ok(conn);
+        }
+        // Out of the pool: no other user of the pool sends anything on it.
+        let conn = Arc::new(deadpool_redis::Connection::take(self.pool.get().await?));
+        *self.cached() = Some(conn.clone());
+        Ok(conn)
     }
 
-    fn cached(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+    fn cached(&self) -> MutexGuard<'_, Option<Arc<MultiplexedConnection>>> {
         // Every update is a single assignment: a poisoned lock is consistent.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+        self.conn.current.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Run `calls` concurrently on the shared connection (they are
-    /// pipelined on it), within the timeout. A dead connection is dropped
-    /// (the pool weeds out its own copy when it next hands it out) and the
-    /// whole batch retried once on another: every script is idempotent.
+    /// Never hand out `conn` again; nothing if it was retired already (a
+    /// newer connection is not touched). It closes once the requests still
+    /// in flight on it are done.
+    fn retire(&self, conn: &Arc<MultiplexedConnection>) {
+        let mut cached = self.cached();
+        if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *cached = None;
+            drop(cached);
+            tracing::debug!("redis connection retired; the next call takes a new one");
+        }
+    }
+
+    /// Run `calls` concurrently on the backend's connection (they are
+    /// pipelined on it), within the timeout. A request that ends without
+    /// its answer — an error on the connection, a timeout, or dropped by
+    /// the caller's time limit — retires the connection ([`InFlight`]); on
+    /// an error, the whole batch is retried once on a new connection: every
+    /// script is idempotent.
     async fn run<T>(
         &self,
         operation: &'static str,
@@ -353,18 +483,29 @@ impl Redis {
             loop {
                 let conn = self.connection().await?;
                 let results = join_all(calls.iter().map(|call| {
-                    let mut c = conn.clone();
-                    async move { call.invoke_async::<T>(&mut c).await }
+                    let mut c = (*conn).clone();
+                    let request = InFlight {
+                        redis: self,
+                        conn: conn.clone(),
+                        answered: false,
+                    };
+                    async move {
+                        let result = call.invoke_async::<T>(&mut c).await;
+                        let outcome = request.finish(&result);
+                        (result, outcome)
+                    }
                 }))
                 .await;
-                match results.into_iter().collect::<Result<Vec<T>, RedisError>>() {
+                let failed = results
+                    .iter()
+                    .any(|(_, outcome)| *outcome == Ended::ConnectionFailed);
+                match results
+                    .into_iter()
+                    .map(|(result, _)| result)
+                    .collect::<Result<Vec<T>, RedisError>>()
+                {
                     Ok(values) => return Ok(values),
-                    Err(e) if e.is_unrecoverable_error() => {
-                        // Never use this connection again.
-                        self.cached().take();
-                        if retried {
-                            return Err(Error::Redis(e));
-                        }
+                    Err(e) if failed && !retried => {
                         retried = true;
                         tracing::debug!(operation, error = %e, "redis connection lost; retrying on another");
                     }
@@ -372,19 +513,14 @@ impl Redis {
                 }
             }
         };
-        match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(result) => result,
-            Err(_) => {
-                // A connection that leaves a call unanswered (a black hole, a
-                // half-open socket) is not trusted again: the next call takes
-                // a fresh one from the pool.
-                self.cached().take();
-                Err(Error::Timeout {
-                    operation,
-                    after: self.timeout,
-                })
-            }
-        }
+        // On a timeout, the requests in flight are dropped unanswered: the
+        // connection is retired, and the next call takes a new one.
+        tokio::time::timeout(self.timeout, attempt)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                operation,
+                after: self.timeout,
+            }))
     }
 
     /// The renewal of `lease`, or `None` if it has no fencing token (every
@@ -564,6 +700,38 @@ mod tests {
             assert!(keys.insert(lock) && keys.insert(fence), "{name:?} collides");
         }
         assert_eq!(redis.lock_key("%{}"), "p:{%25%7B%7D}");
+    }
+
+    #[test]
+    fn which_errors_retire_the_connection() {
+        use std::io;
+        let io = |kind: io::ErrorKind| RedisError::from(io::Error::from(kind));
+        let reply = |bytes: &[u8]| {
+            ::redis::parse_redis_value(bytes)
+                .expect("a reply")
+                .extract_error()
+                .expect_err("an error reply")
+        };
+        // Nothing came back, or the connection is gone or leads to a replica.
+        for e in [
+            io(io::ErrorKind::TimedOut),
+            io(io::ErrorKind::ConnectionReset),
+            io(io::ErrorKind::BrokenPipe),
+            io(io::ErrorKind::UnexpectedEof),
+            reply(b"-READONLY You can't write against a read only replica.\r\n"),
+        ] {
+            assert!(connection_failed(&e), "{e}");
+        }
+        // The server answered: the connection works.
+        for e in [
+            reply(b"-ERR something\r\n"),
+            reply(b"-NOSCRIPT No matching script\r\n"),
+            reply(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n"),
+            reply(b"-BUSY Redis is busy running a script\r\n"),
+            RedisError::from((::redis::ErrorKind::UnexpectedReturnType, "not an integer")),
+        ] {
+            assert!(!connection_failed(&e), "{e}");
+        }
     }
 
     #[test]
