@@ -345,7 +345,7 @@ impl<B: Backend> DynBackend for B {
 /// The positions of `leases` grouped by holder, in order of first
 /// appearance: for batching backends whose statements take one holder (the
 /// engine sends one holder's leases, so there is one group in practice).
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn by_holder<'a>(leases: &[(Acquisition<'a>, Duration)]) -> Vec<(&'a str, Vec<usize>)> {
     let mut groups: Vec<(&'a str, Vec<usize>)> = Vec::new();
     for (i, (lease, _)) in leases.iter().enumerate() {

@@ -25,8 +25,12 @@
 //! Leases that fall due close together are renewed in one batch
 //! ([`Backend::renew_many`](crate::Backend::renew_many)): when any lease is
 //! due, every lease that has run at least half of its renewal period is
-//! renewed with it. Renewing early never shortens a lease. A batch of more
-//! than 1,000 leases is split into calls of 1,000, sent together.
+//! renewed with it. Renewing early never shortens a lease. A call is given
+//! the time limit of its tightest lease, so a lease within `ttl/3` of its
+//! deadline (its renewals are failing) is sent in a call of its own, and
+//! leases are batched only with leases whose renewal period is within a
+//! factor of two of theirs. A batch of more than 1,000 leases is split into
+//! calls of 1,000, sent together.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -294,21 +298,37 @@ impl Engine {
         reservation: Reservation,
         ttl: Duration,
     ) -> Result<Option<Arc<Entry>>, Error> {
-        let name = reservation.name();
         let limit = acquire_timeout(ttl);
         let sent = Stamp::now();
-        let grant = match timeout(limit, self.backend.acquire(name, &self.holder, ttl)).await {
+        let timed_out = Error::Timeout {
+            operation: "acquire",
+            after: limit,
+        };
+        let call = self.backend.acquire(reservation.name(), &self.holder, ttl);
+        let grant = match timeout(limit, call).await {
             Ok(Ok(Some(grant))) => grant,
             Ok(Ok(None)) => return Ok(None),
             Ok(Err(e)) => return Err(e),
-            Err(_) => {
-                return Err(Error::Timeout {
-                    operation: "acquire",
-                    after: limit,
-                });
-            }
+            Err(_) => return Err(timed_out),
         };
-        Ok(Some(self.hold(reservation, ttl, grant, sent)))
+        let entry = self.hold(reservation, ttl, grant, sent);
+        let name = &*entry.name;
+        // `timeout` polls the call before its timer: a reply that sat in the
+        // socket while this task could not run (a stalled runtime, a
+        // suspended machine) comes back even though the lease it grants is
+        // already past its local deadline. Never hand that out as valid;
+        // give it back instead.
+        if entry.timing().passed(Instant::now(), wall_now()) {
+            tracing::warn!(
+                lease.name = name,
+                holder = %self.holder,
+                fencing_token = entry.fencing_token,
+                "lease granted too late to be used: its deadline had passed when the reply was handled; releasing it"
+            );
+            self.release(&entry);
+            return Err(timed_out);
+        }
+        Ok(Some(entry))
     }
 
     /// Turn a reservation into a held lease and hand it to the scheduler.
@@ -500,7 +520,7 @@ impl Engine {
             Err(e) => tracing::warn!(
                 lease.name = %name,
                 holder = %self.holder,
-                error = %e,
+                error = %e.chain(),
                 "lease release failed; it ends at its ttl"
             ),
         }
@@ -709,12 +729,8 @@ impl Scheduler {
             } else {
                 idle_since.or(Some(now))
             };
-            // At most `MAX_BATCH` leases per call, the calls sent together.
-            let mut due = plan.due;
-            while !due.is_empty() {
-                let rest = due.split_off(due.len().min(MAX_BATCH));
-                in_flight.push(send(engine.clone(), due, Stamp { mono: now, wall }));
-                due = rest;
+            for batch in batches(plan.due, now) {
+                in_flight.push(send(engine.clone(), batch, Stamp { mono: now, wall }));
             }
             tokio::select! {
                 biased;
@@ -876,7 +892,7 @@ impl Scheduler {
                         lease.name = %entry.name,
                         holder,
                         fencing_token = entry.fencing_token,
-                        error = %e,
+                        error = %e.chain(),
                         failures = t.failures,
                         retry_in = ?delay,
                         "lease renewal failed; retrying until the deadline"
@@ -944,6 +960,38 @@ struct Plan {
     /// Wakers of calls whose time limit has passed.
     expired: Vec<Waker>,
     wake_at: Instant,
+}
+
+/// Split the leases due for renewal into calls, sent together.
+///
+/// A call is given the time limit of its tightest lease, so leases are
+/// grouped by their own limit, `min(ttl/3, deadline - now)`: a lease within
+/// `ttl/3` of its deadline (its renewals have been failing) goes in a call
+/// of its own, and the others go together with leases whose renewal period
+/// is within a factor of two of theirs — a healthy lease never inherits the
+/// short limit of one about to be lost. At most [`MAX_BATCH`] leases per call.
+fn batches(due: Vec<Arc<Entry>>, now: Instant) -> Vec<Vec<Arc<Entry>>> {
+    let mut groups: HashMap<u32, Vec<Arc<Entry>>> = HashMap::new();
+    let mut alone = Vec::new();
+    for entry in due {
+        let period = renew_period(entry.ttl);
+        if entry.timing().deadline.saturating_duration_since(now) < period {
+            alone.push(vec![entry]);
+        } else {
+            // The renewal period's power of two, in milliseconds.
+            let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+            groups.entry(ms.max(1).ilog2()).or_default().push(entry);
+        }
+    }
+    let mut calls = alone;
+    for (_, mut group) in groups {
+        while !group.is_empty() {
+            let rest = group.split_off(group.len().min(MAX_BATCH));
+            calls.push(group);
+            group = rest;
+        }
+    }
+    calls
 }
 
 /// Send one batch of renewals, within `min(ttl/3, deadline - now)` of its tightest lease.

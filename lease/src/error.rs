@@ -116,6 +116,23 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error with its causes, `: `-separated, as `lease` logs it — for
+    /// example `database error: error communicating with database:
+    /// Connection refused (os error 111)`, where `Display` alone shows
+    /// `database error`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    /// let error = lease::Error::backend(refused);
+    /// assert_eq!(error.to_string(), "backend error");
+    /// assert_eq!(error.chain().to_string(), "backend error: connection refused");
+    /// ```
+    pub fn chain(&self) -> impl std::fmt::Display + '_ {
+        Chain(self)
+    }
+
     /// Wraps the error of a third-party [`Backend`](crate::Backend).
     pub fn backend(error: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>) -> Self {
         Self::Backend(error.into())
@@ -132,6 +149,27 @@ impl Error {
                 | Self::InvalidTable { .. }
                 | Self::InvalidPrefix { .. }
         )
+    }
+}
+
+/// An error and its sources, `: `-separated, for log lines and messages:
+/// `database error: error communicating with database: Connection refused
+/// (os error 111)`. A source whose text its parent already shows is skipped.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            let text = e.to_string();
+            if !shown.contains(&text) {
+                shown.push_str(": ");
+                shown.push_str(&text);
+            }
+            source = e.source();
+        }
+        f.write_str(&shown)
     }
 }
 

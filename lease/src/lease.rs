@@ -189,7 +189,7 @@ impl Lease {
                 return Outcome::Skipped(Skip::HeldElsewhere);
             }
             Err(error) => {
-                tracing::warn!(lease.name = name, holder = self.holder(), %error, "skipped: could not acquire lease");
+                tracing::warn!(lease.name = name, holder = self.holder(), error = %error.chain(), "skipped: could not acquire lease");
                 return Outcome::Skipped(Skip::Error(error));
             }
         };
@@ -206,7 +206,7 @@ impl Lease {
             Some(min_hold) => guard.release_after(min_hold),
             None => {
                 if let Err(error) = guard.release().await {
-                    tracing::warn!(lease.name = name, holder = self.holder(), %error, "lease release failed; it ends at its ttl");
+                    tracing::warn!(lease.name = name, holder = self.holder(), error = %error.chain(), "lease release failed; it ends at its ttl");
                 }
             }
         }

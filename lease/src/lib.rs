@@ -179,6 +179,8 @@ mod lease;
 mod outcome;
 mod private;
 mod skippable;
+#[cfg(test)]
+mod test_util;
 mod validate;
 
 pub use backend::{Acquisition, Backend, Grant};

@@ -57,7 +57,7 @@ impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Skip::HeldElsewhere => f.write_str("lease held elsewhere"),
-            Skip::Error(e) => write!(f, "lease could not be acquired: {e}"),
+            Skip::Error(e) => write!(f, "lease could not be acquired: {}", e.chain()),
         }
     }
 }

@@ -317,7 +317,7 @@ impl MySqlTable {
                     tokio::time::sleep(Duration::from_millis(base + jitter)).await;
                     attempt += 1;
                 }
-                result => return Ok(result?),
+                result => return sql::explain(&self.pool, result).await,
             }
         }
     }
@@ -471,10 +471,11 @@ impl MySqlTable {
             return Ok(vec![true; items.len()]);
         }
         let query = sqlx::query_as(AssertSqlSafe(self.sql.renewed_many[size].clone())).bind(holder);
-        let live: Vec<(Vec<u8>, i64)> = padded()
+        let live = padded()
             .fold(query, |query, (name, fence)| query.bind(name).bind(fence))
             .fetch_all(&self.pool)
-            .await?;
+            .await;
+        let live: Vec<(Vec<u8>, i64)> = sql::explain(&self.pool, live).await?;
         let live: std::collections::HashSet<(&[u8], i64)> =
             live.iter().map(|(n, f)| (n.as_slice(), *f)).collect();
         Ok(items

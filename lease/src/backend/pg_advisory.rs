@@ -296,7 +296,7 @@ impl PgAdvisory {
                 return true;
             }
             Ok(Ok(false)) => "its session no longer holds the lock".to_owned(),
-            Ok(Err(e)) => format!("the heartbeat query failed: {e}"),
+            Ok(Err(e)) => format!("the heartbeat query failed: {}", Error::from(e).chain()),
             Err(_) => format!("the heartbeat query did not answer within {limit:?}"),
         };
         tracing::debug!(

@@ -138,6 +138,37 @@ pub(crate) fn check_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
     validate::holder(holder)
 }
 
+/// `r`, with the reason a connection could not be opened when sqlx hides it.
+///
+/// A pool retries a refused connection until its `acquire_timeout` and then
+/// reports only `PoolTimedOut`. When that happens while the pool has no
+/// connection open, one connection attempt (bounded by `CONNECT_TIMEOUT`)
+/// finds out why, and its error is returned instead: the log then reads
+/// "connection refused", "password authentication failed", ... This costs
+/// nothing on the paths that work.
+pub(crate) async fn explain<T, DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    r: Result<T, sqlx::Error>,
+) -> Result<T, Error> {
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    match r {
+        Err(sqlx::Error::PoolTimedOut) if pool.size() == 0 && !pool.is_closed() => {
+            use sqlx::ConnectOptions;
+            let options = pool.connect_options();
+            match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+                Ok(Err(why)) => Err(Error::Database(why)),
+                Ok(Ok(conn)) => {
+                    // It works now: the pool will find that too.
+                    let _ = sqlx::Connection::close(conn).await;
+                    Err(Error::Database(sqlx::Error::PoolTimedOut))
+                }
+                Err(_) => Err(Error::Database(sqlx::Error::PoolTimedOut)),
+            }
+        }
+        r => Ok(r?),
+    }
+}
+
 /// A fencing token as bound to the `fence` column. `None` (no grant of a
 /// table backend has none) and tokens beyond `i64` (no table hands them out)
 /// bind NULL, which matches no row.

@@ -357,12 +357,16 @@ impl Backend for SqliteTable {
         ttl: Duration,
     ) -> Result<Option<Grant>, Error> {
         let ttl_ms = sql::check(name, holder, ttl)?;
-        let fence: Option<i64> = sqlx::query_scalar(AssertSqlSafe(self.sql.acquire.clone()))
-            .bind(name)
-            .bind(holder)
-            .bind(ttl_ms)
-            .fetch_optional(&self.pool)
-            .await?;
+        let fence: Option<i64> = sql::explain(
+            &self.pool,
+            sqlx::query_scalar(AssertSqlSafe(self.sql.acquire.clone()))
+                .bind(name)
+                .bind(holder)
+                .bind(ttl_ms)
+                .fetch_optional(&self.pool)
+                .await,
+        )
+        .await?;
         fence
             .map(|f| Ok(Grant::new(Some(sql::fence(f)?))))
             .transpose()
@@ -370,24 +374,32 @@ impl Backend for SqliteTable {
 
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         let ttl_ms = sql::check(lease.name, lease.holder, ttl)?;
-        let done = sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
-            .bind(lease.name)
-            .bind(lease.holder)
-            .bind(ttl_ms)
-            .bind(sql::fence_param(lease.fencing_token))
-            .execute(&self.pool)
-            .await?;
+        let done = sql::explain(
+            &self.pool,
+            sqlx::query(AssertSqlSafe(self.sql.renew.clone()))
+                .bind(lease.name)
+                .bind(lease.holder)
+                .bind(ttl_ms)
+                .bind(sql::fence_param(lease.fencing_token))
+                .execute(&self.pool)
+                .await,
+        )
+        .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         sql::check_no_ttl(lease.name, lease.holder)?;
-        sqlx::query(AssertSqlSafe(self.sql.release.clone()))
-            .bind(lease.name)
-            .bind(lease.holder)
-            .bind(sql::fence_param(lease.fencing_token))
-            .execute(&self.pool)
-            .await?;
+        sql::explain(
+            &self.pool,
+            sqlx::query(AssertSqlSafe(self.sql.release.clone()))
+                .bind(lease.name)
+                .bind(lease.holder)
+                .bind(sql::fence_param(lease.fencing_token))
+                .execute(&self.pool)
+                .await,
+        )
+        .await?;
         Ok(())
     }
 
@@ -411,13 +423,17 @@ impl Backend for SqliteTable {
                     sql::LIST_SIZES[size] - items.len(),
                 ));
                 let query = sqlx::query_as(AssertSqlSafe(self.sql.renew_many[size].clone()));
-                let renewed: Vec<(String, i64)> = padded
-                    .fold(query, |q, (name, ttl_ms, fence)| {
-                        q.bind(name).bind(ttl_ms).bind(fence)
-                    })
-                    .bind(holder)
-                    .fetch_all(&self.pool)
-                    .await?;
+                let renewed: Vec<(String, i64)> = sql::explain(
+                    &self.pool,
+                    padded
+                        .fold(query, |q, (name, ttl_ms, fence)| {
+                            q.bind(name).bind(ttl_ms).bind(fence)
+                        })
+                        .bind(holder)
+                        .fetch_all(&self.pool)
+                        .await,
+                )
+                .await?;
                 let renewed: HashSet<(&str, i64)> =
                     renewed.iter().map(|(n, f)| (n.as_str(), *f)).collect();
                 for (&i, (name, _, fence)) in chunk.iter().zip(&items) {

@@ -786,3 +786,97 @@ async fn a_suspended_machine_wakes_up_with_its_leases_invalid() {
     assert_eq!(cancelled_after(&guard, t0).await, PERIOD);
     super::WALL_SHIFT.set(Duration::ZERO);
 }
+
+/// A backend whose acquisitions answer only after `delay` (a reply that sat
+/// in a socket while the runtime stalled), always granting.
+#[derive(Clone)]
+struct SlowGrant {
+    delay: Duration,
+    released: Arc<Mutex<Vec<Option<u64>>>>,
+}
+
+impl Backend for SlowGrant {
+    async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
+        sleep(self.delay).await;
+        Ok(Some(Grant::new(Some(7))))
+    }
+    async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
+        Ok(true)
+    }
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.released.lock().unwrap().push(lease.fencing_token);
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_handled_after_its_deadline_is_not_handed_out() {
+    // The runtime stalls (or the machine is suspended) while the grant sits
+    // in the socket: when the task runs again, both the reply and the call's
+    // time limit are ready, and `tokio::time::timeout` polls the reply first.
+    let backend = SlowGrant {
+        delay: TTL * 2,
+        released: Arc::default(),
+    };
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let acquiring = tokio::spawn({
+        let lease = lease.clone();
+        async move { lease.try_acquire("job", TTL).await }
+    });
+    tokio::task::yield_now().await; // the acquire is sent and waits
+    // Both timers expire in one step, as after a stall of the runtime.
+    tokio::time::advance(TTL * 2).await;
+    let got = acquiring.await.unwrap();
+    match got {
+        Err(Error::Timeout {
+            operation: "acquire",
+            ..
+        }) => {}
+        Ok(Some(guard)) => panic!(
+            "a grant past its deadline was handed out: valid {}, token cancelled {}",
+            guard.is_valid(),
+            guard.token().is_cancelled()
+        ),
+        other => panic!("{other:?}"),
+    }
+    // The lease the server may hold for us is given back, by its fence.
+    sleep(ms(10)).await;
+    assert_eq!(*backend.released.lock().unwrap(), [Some(7)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lease_near_its_deadline_does_not_shorten_a_healthy_ones_renewal() {
+    use crate::test_util::capture_logs;
+    let (logs, _guard) = capture_logs();
+    // "a" fails five renewals in a row (at 1.0, 1.1, 1.3, 1.7 and 2.2 s), so
+    // its retry at 2.7 s has 0.268 s left before its deadline (2.968 s). "b",
+    // acquired at 2.0 s, is due at 3.0 s and would be coalesced with that
+    // retry. The backend answers every call after 400 ms: in a batch with
+    // "a", "b" would get a's 0.268 s and time out for nothing.
+    let backend = Scripted::new(vec![Step::Fail; 5], Step::Slow(ms(400), true));
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let a = lease.try_acquire("a", TTL).await.unwrap().unwrap();
+    sleep_until(t0 + ms(2000)).await;
+    let b = lease.try_acquire("b", TTL).await.unwrap().unwrap();
+    assert_eq!(
+        cancelled_after(&a, t0).await,
+        TTL - MARGIN,
+        "a is lost at its deadline"
+    );
+    sleep_until(t0 + ms(3500)).await;
+    assert!(b.is_valid());
+    let logs = logs.text();
+    let b_failures: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("renewal failed") && l.contains("lease.name=b"))
+        .collect();
+    assert!(b_failures.is_empty(), "b's renewal failed: {b_failures:#?}");
+    // b was renewed by a call of its own, sent at 2.7 s.
+    let b_renewed = backend.times(t0, |c| match c {
+        Call::Renew(n) => n == "b",
+        Call::RenewMany(names) => names.iter().any(|n| n == "b"),
+        _ => false,
+    });
+    assert_eq!(b_renewed, [ms(2700)], "{:?}", backend.calls());
+}

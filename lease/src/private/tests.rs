@@ -1,6 +1,5 @@
 //! `#[singleton]`'s runtime side under tokio's paused clock, against `Memory`.
 
-use std::io::Write;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
@@ -8,6 +7,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{AsLease, run};
 use crate::backend::Memory;
+use crate::test_util::capture_logs;
 use crate::{Error, Lease, Skippable};
 
 /// ttl 3 s: renewed every 1 s.
@@ -84,34 +84,13 @@ async fn an_acquisition_error_returns_the_skipped_value() {
     assert!(matches!(out, Ok(None)));
 }
 
-/// A `fmt` subscriber writing into a buffer, installed for this thread.
-fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
-    #[derive(Clone)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buf {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().write(bytes)
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf(Arc::default());
-    let out = buf.0.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_writer(move || buf.clone())
-        .finish();
-    (out, tracing::subscriber::set_default(subscriber))
-}
-
 #[tokio::test(start_paused = true)]
 async fn no_lease_is_skipped_with_an_error_log_not_a_panic() {
     let (logs, _guard) = capture_logs();
     let ran = Mutex::new(false);
     assert_eq!(tick(None, &ran, Some(1)).await, None);
     assert!(!*ran.lock().unwrap());
-    let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
+    let logs = logs.text();
     assert!(logs.contains("ERROR"), "{logs}");
     assert!(logs.contains("lease::set_global_default"), "{logs}");
     assert!(logs.contains("lease = ..."), "{logs}");
