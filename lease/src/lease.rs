@@ -144,7 +144,9 @@ impl Lease {
     ///
     /// # Panics
     ///
-    /// Only if `f` or its future panics (the lease is released first).
+    /// Only if `f` or its future panics. The panic then continues at once;
+    /// the lease is released in the background (a task on the current
+    /// runtime), so another holder may still find it held for a round trip.
     ///
     /// # Cancel safety
     ///

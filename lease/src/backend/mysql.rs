@@ -169,6 +169,14 @@ const ATTEMPTS: u32 = 6;
 /// engine retries the renewal on another connection. The fault suite
 /// (`docs/RELIABILITY.md`) measures the difference under added latency.
 ///
+/// **Renewals share your pool.** Renewals and releases take a connection
+/// from the pool the backend was given, like the rest of your program. A job
+/// that holds every connection of that pool (a long transaction on each, a
+/// pool of one) keeps its own lease from being renewed, and loses the lease
+/// at its deadline. Give the pool one connection more than the job uses at
+/// once, or give the backend a small pool of its own
+/// (`MySqlPoolOptions::new().max_connections(2)`).
+///
 /// A call whose future is dropped (for example by a timeout) after its
 /// statement reached the server may still take effect: an acquisition the
 /// caller never learned of ends at its ttl, or is picked up by the same

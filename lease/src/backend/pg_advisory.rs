@@ -46,13 +46,17 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 /// - **Takeover after the holder's connection dies**, not after `ttl`: as
 ///   soon as the session ends (for example `pg_terminate_backend`), the lock
 ///   is free for the next `try_acquire`; the old holder's next heartbeat fails
-///   and cancels its token, within `ttl/3` plus one round trip.
+///   and cancels its token. When the end of the session reaches the holder
+///   (the server's termination message, a reset), that is within `ttl/3`
+///   plus one round trip; when it does not (the connection hangs, a black
+///   hole), the heartbeat waits out its own timeout of `ttl/3` first, so
+///   about `2·ttl/3`.
 ///   **Until then both believe they hold the lease**: when the session ends
 ///   while its process lives on — the connection is killed or reset, the
 ///   server restarts — a new holder may take the lock at once while the old
 ///   one's token is not yet cancelled and its `is_valid()` is still true,
-///   for up to `ttl/3` plus a round trip, and there is no fencing token to
-///   stop the old holder's writes. That is the price of the fast takeover
+///   for up to `ttl/3` plus a round trip (about `2·ttl/3` if the heartbeat
+///   hangs), and there is no fencing token to stop the old holder's writes. That is the price of the fast takeover
 ///   (the table backends make the next holder wait for the expiry instead);
 ///   the fault suite measures it (`docs/RELIABILITY.md`). Use `PgTable` when
 ///   two holders must never overlap.

@@ -132,6 +132,13 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// when the backend is built and then put into the statements, which are
 /// built once.
 ///
+/// **Renewals share your pool.** With [`new`](Self::new), renewals and
+/// releases take a connection from the pool you gave, like the rest of your
+/// program: a job that holds every connection of it keeps its own lease from
+/// being renewed, and loses the lease at its deadline. Give the pool one
+/// connection more than the job uses at once, or let [`open`](Self::open)
+/// make a pool for the leases alone.
+///
 /// Cloning is cheap: a [`SqlitePool`] and reference-counted statements.
 ///
 /// A call whose future is dropped (for example by a timeout) after its
