@@ -1,12 +1,12 @@
 //! [`LeaseGuard`]: a held lease.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::drop_guard::DropGuard;
 use crate::engine::{Engine, Entry};
-use crate::{CancellationToken, Error, MAX_TTL};
+use crate::{CancellationToken, Error};
 
 /// A held lease, renewed in the background for as long as the guard lives.
 ///
@@ -22,17 +22,17 @@ use crate::{CancellationToken, Error, MAX_TTL};
 /// release happened.
 #[must_use = "the lease is released as soon as the guard is dropped"]
 pub struct LeaseGuard {
-    engine: Arc<Engine>,
-    entry: Arc<Entry>,
-    /// Ownership of the release has passed elsewhere (`release`, `release_at`).
-    disarmed: bool,
+    /// Releases the lease in the background when dropped; disarmed when the
+    /// release is handed elsewhere ([`release`](Self::release),
+    /// [`release_at`](Self::release_at)).
+    held: DropGuard<(Arc<Engine>, Arc<Entry>)>,
 }
 
 impl std::fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseGuard")
             .field("name", &self.name())
-            .field("holder", &&*self.engine.holder)
+            .field("holder", &&*self.engine().holder)
             .field("fencing_token", &self.fencing_token())
             .field("valid", &self.is_valid())
             .finish()
@@ -41,16 +41,24 @@ impl std::fmt::Debug for LeaseGuard {
 
 impl LeaseGuard {
     pub(crate) fn new(engine: Arc<Engine>, entry: Arc<Entry>) -> Self {
-        Self {
-            engine,
-            entry,
-            disarmed: false,
-        }
+        let held = DropGuard::new((engine, entry), |(engine, entry)| {
+            // Spawns the release; never blocks.
+            engine.release_in_background(&entry);
+        });
+        Self { held }
+    }
+
+    fn engine(&self) -> &Arc<Engine> {
+        &self.held.0
+    }
+
+    fn entry(&self) -> &Arc<Entry> {
+        &self.held.1
     }
 
     /// The lease's name.
     pub fn name(&self) -> &str {
-        &self.entry.name
+        &self.entry().name
     }
 
     /// A token that is cancelled when the lease is lost or released.
@@ -61,7 +69,7 @@ impl LeaseGuard {
     /// request). Clones of the token share its state; hand them to the work
     /// the lease protects.
     pub fn token(&self) -> CancellationToken {
-        self.entry.token.clone()
+        self.entry().cancel.clone()
     }
 
     /// The fencing token of this acquisition, if the backend provides one.
@@ -72,7 +80,7 @@ impl LeaseGuard {
     /// example after a long GC or VM pause). `None` for backends without
     /// fencing (`PgAdvisory`).
     pub fn fencing_token(&self) -> Option<u64> {
-        self.entry.fencing_token
+        self.entry().fencing_token
     }
 
     /// True while the lease is held: not lost, not released, and the local
@@ -80,7 +88,7 @@ impl LeaseGuard {
     /// false right after a long pause of the process even before the
     /// background task has run.
     pub fn is_valid(&self) -> bool {
-        self.entry.is_valid()
+        self.entry().is_valid()
     }
 
     /// Stop renewing and give the lease up now.
@@ -103,37 +111,25 @@ impl LeaseGuard {
     /// not answered yet, the release is sent again in a task of its own
     /// (releasing is idempotent). As the first request may still arrive
     /// late, this `Lease` can acquire the name again a ttl after it was sent.
-    pub async fn release(mut self) -> Result<(), Error> {
-        self.disarmed = true;
-        let engine = self.engine.clone();
-        let entry = self.entry.clone();
-        drop(self);
-        engine.release_now(&entry).await
+    pub async fn release(self) -> Result<(), Error> {
+        let (engine, entry) = self.held.disarm();
+        engine.release(&entry).await
     }
 
-    /// Keep the lease (renewing it) until `min_hold` has passed since it was
-    /// acquired, then release it in the background. Returns at once.
+    /// When the lease was acquired (the acquire request was sent).
+    pub(crate) fn acquired_at(&self) -> Instant {
+        self.entry().acquired_at
+    }
+
+    /// Keep the lease (renewing it) until `at`, then release it in the
+    /// background. Returns at once.
     ///
-    /// Released now instead if `min_hold` has passed already, or if the lease
-    /// is no longer live (lost or released): nothing would renew it.
-    pub(crate) fn release_after(mut self, min_hold: Duration) {
-        // `#[singleton]` caps `min_hold` at 24 h; clamp rather than overflow
-        // `Instant` for whatever else comes in.
-        let at = self.entry.acquired_at + min_hold.min(MAX_TTL);
-        if Instant::now() >= at {
+    /// Released now instead if `at` has passed already, or if the lease is
+    /// no longer live (lost or released): nothing would renew it.
+    pub(crate) fn release_at(self, at: Instant) {
+        if Instant::now() >= at || !self.engine().release_at(self.entry(), at) {
             return; // dropping `self` releases now
         }
-        if self.engine.release_at(&self.entry, at) {
-            self.disarmed = true;
-        }
-    }
-}
-
-impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if !self.disarmed {
-            // Spawns the release; never blocks.
-            self.engine.release(&self.entry);
-        }
+        drop(self.held.disarm());
     }
 }

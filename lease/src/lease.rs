@@ -205,7 +205,12 @@ impl Lease {
             .instrument(span)
             .await;
         match min_hold {
-            Some(min_hold) => guard.release_after(min_hold),
+            Some(min_hold) => {
+                // `#[singleton]` caps `min_hold` at 24 h; clamp rather than
+                // overflow `Instant` for whatever else comes in.
+                let at = guard.acquired_at() + min_hold.min(crate::MAX_TTL);
+                guard.release_at(at);
+            }
             None => {
                 if let Err(error) = guard.release().await {
                     tracing::warn!(lease.name = name, holder = self.holder(), error = %error.chain(), "lease release failed; it ends at its ttl");

@@ -171,6 +171,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+mod drop_guard;
 mod engine;
 mod error;
 mod global;

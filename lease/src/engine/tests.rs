@@ -749,7 +749,10 @@ async fn a_hanging_release_times_out_on_the_schedulers_timer() {
         ),
         "{err}"
     );
-    assert_eq!(Instant::now() - t_release, super::release_timeout(TTL));
+    assert_eq!(
+        Instant::now() - t_release,
+        super::timing::release_timeout(TTL)
+    );
     // A ttl after it was sent, the old lease has ended anyway: the name is free.
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
@@ -760,12 +763,15 @@ async fn a_hanging_release_times_out_after_the_scheduler_has_gone() {
     let backend = Scripted::new([], Step::Answer(false)).releases(Step::Hang);
     let lease = Lease::with_holder(backend.clone(), "a");
     let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
-    sleep(PERIOD + super::LINGER + ms(100)).await;
+    sleep(PERIOD + super::scheduler::LINGER + ms(100)).await;
     assert!(!guard.is_valid());
     let t_release = Instant::now();
     let err = guard.release().await.unwrap_err();
     assert!(matches!(err, Error::Timeout { .. }), "{err}");
-    assert_eq!(Instant::now() - t_release, super::release_timeout(TTL));
+    assert_eq!(
+        Instant::now() - t_release,
+        super::timing::release_timeout(TTL)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -779,12 +785,12 @@ async fn a_suspended_machine_wakes_up_with_its_leases_invalid() {
     let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
     sleep(ms(100)).await;
     assert!(guard.is_valid());
-    super::WALL_SHIFT.set(TTL * 10);
+    super::timing::WALL_SHIFT.set(TTL * 10);
     assert!(!guard.is_valid(), "is_valid reads the wall clock too");
     // The token fires when the scheduler next looks, at the renewal that was
     // due anyway — without renewing a lease that may be someone else's by now.
     assert_eq!(cancelled_after(&guard, t0).await, PERIOD);
-    super::WALL_SHIFT.set(Duration::ZERO);
+    super::timing::WALL_SHIFT.set(Duration::ZERO);
 }
 
 /// A backend whose acquisitions answer only after `delay` (a reply that sat

@@ -1,0 +1,473 @@
+//! The renewal task of one engine ([`Scheduler`]), and the call time limits
+//! it keeps for releases ([`Engine::watch`]).
+//!
+//! The scheduler runs while the engine holds at least one live lease, and
+//! exits a while ([`LINGER`]) after none is left (a new one starts it again)
+//! and no call's time limit is left for it to keep. Each turn it looks at
+//! every held lease ([`Scheduler::plan`]): it cancels the tokens of leases
+//! past their deadline, hands leases whose `min_hold` is over to the release
+//! path, sends the renewals that are due ([`batches`], [`send`]), and sleeps
+//! until the next thing is due, a renewal answers, or it is woken.
+//!
+//! A release does not wake it: it notices at its next planned wake-up, which
+//! saves a cross-thread wake-up per release.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::timing::{Stamp, renew_period, renew_timeout, retry_delay};
+use super::{Engine, Entry, MAX_BATCH, Names, Slot, State};
+use crate::drop_guard::DropGuard;
+use crate::{Acquisition, Error};
+
+/// How long the scheduler stays after its last lease has ended before it
+/// exits, so that a job run in a loop does not start one per run.
+pub(super) const LINGER: Duration = Duration::from_secs(1);
+
+/// The time limit of a call awaited elsewhere, kept by the scheduler's timer.
+#[derive(Debug)]
+pub(super) struct Watch {
+    deadline: Instant,
+    /// The deadline has passed, or the scheduler is gone.
+    expired: bool,
+    waker: Option<Waker>,
+}
+
+/// A call's time limit kept by the scheduler ([`Engine::watch`]); dropping
+/// it withdraws the limit.
+pub(super) type Watched = DropGuard<(Arc<Engine>, u64)>;
+
+impl Watched {
+    /// Resolves once the deadline has passed (or the scheduler is gone).
+    pub(super) fn expired(&self) -> impl Future<Output = ()> + '_ {
+        let (engine, id) = &**self;
+        std::future::poll_fn(move |cx| {
+            let mut names = engine.names();
+            let Some(w) = names.watches.get_mut(id) else {
+                return Poll::Ready(());
+            };
+            if w.expired || Instant::now() >= w.deadline {
+                return Poll::Ready(());
+            }
+            if !w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker())) {
+                w.waker = Some(cx.waker().clone());
+            }
+            Poll::Pending
+        })
+    }
+}
+
+impl Engine {
+    /// Have the scheduler keep the time limit `deadline` of a call: `None`
+    /// if no scheduler runs (the caller then needs a timer of its own).
+    ///
+    /// While the scheduler runs (it always does while a lease is held, and a
+    /// while after), its timer is there anyway; a timer per call would cost
+    /// every release a timer of its own.
+    pub(super) fn watch(self: &Arc<Self>, deadline: Instant) -> Option<Watched> {
+        let mut names = self.names();
+        // Under this lock, a running scheduler has not decided to exit: its
+        // next plan sees the watch, and it stays until the watch is gone.
+        if !names.scheduler {
+            return None;
+        }
+        let id = names.next_watch;
+        names.next_watch += 1;
+        names.watches.insert(
+            id,
+            Watch {
+                deadline,
+                expired: false,
+                waker: None,
+            },
+        );
+        let wake = names.planned.is_none_or(|at| at > deadline);
+        drop(names);
+        if wake {
+            self.wake.notify_one();
+        }
+        Some(DropGuard::new((self.clone(), id), |(engine, id)| {
+            engine.names().watches.remove(&id);
+        }))
+    }
+}
+
+/// What one turn of the scheduler decided ([`Scheduler::plan`]).
+struct Plan {
+    /// Nothing live, and lingered long enough: the scheduler exits.
+    exit: bool,
+    /// Some lease is live (renewed by the scheduler).
+    live: bool,
+    /// Leases to renew now.
+    due: Vec<Arc<Entry>>,
+    /// Leases whose `min_hold` is over (or that were lost while waiting it
+    /// out): to release now.
+    release: Vec<Arc<Entry>>,
+    /// Wakers of calls whose time limit has passed.
+    expired: Vec<Waker>,
+    /// When to look again at the latest.
+    wake_at: Instant,
+}
+
+/// A batch of renewals sent together, and its result.
+struct Sent {
+    entries: Vec<Arc<Entry>>,
+    sent: Stamp,
+    result: Result<Vec<bool>, Error>,
+}
+
+/// The renewal task of one engine; see the [module docs](self).
+pub(super) struct Scheduler {
+    engine: Arc<Engine>,
+    /// Set when the loop ends normally; otherwise the task was dropped
+    /// (runtime shutdown) and `Drop` must tell every live holder.
+    finished: bool,
+}
+
+impl Scheduler {
+    pub(super) fn new(engine: Arc<Engine>) -> Self {
+        Self {
+            engine,
+            finished: false,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        let engine = self.engine.clone();
+        let mut in_flight = FuturesUnordered::new();
+        // Since when no lease has been live.
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            let now = Stamp::now();
+            let plan = self.plan(now, idle_since.unwrap_or(now.mono) + LINGER);
+            for waker in plan.expired {
+                waker.wake();
+            }
+            for entry in &plan.release {
+                engine.release_in_background(entry);
+            }
+            if plan.exit {
+                self.finished = true;
+                return;
+            }
+            idle_since = if plan.live {
+                None
+            } else {
+                idle_since.or(Some(now.mono))
+            };
+            for batch in batches(plan.due, now.mono) {
+                in_flight.push(send(engine.clone(), batch, now));
+            }
+            tokio::select! {
+                biased;
+                Some(sent) = in_flight.next(), if !in_flight.is_empty() => self.apply(sent),
+                () = sleep_until(plan.wake_at) => {}
+                () = engine.wake.notified() => {}
+            }
+        }
+    }
+
+    /// One look at every held lease and kept time limit: see [`Plan`].
+    /// When no lease is live and the linger is over, the scheduler flag is
+    /// cleared (under the same lock) and the plan says exit.
+    fn plan(&self, now: Stamp, linger_until: Instant) -> Plan {
+        let mut plan = Plan {
+            exit: false,
+            live: false,
+            due: Vec::new(),
+            release: Vec::new(),
+            expired: Vec::new(),
+            wake_at: now.mono + Duration::from_secs(3600),
+        };
+        let mut names = self.engine.names();
+        let live = self.sort_leases(&names, now, &mut plan);
+        let watch_at = expire_watches(&mut names, now.mono, &mut plan);
+        if live.is_empty() {
+            linger_or_exit(&mut names, now.mono, linger_until, watch_at, &mut plan);
+            return plan;
+        }
+        plan.live = true;
+        pick_due(live, now.mono, &mut plan);
+        if let Some(at) = watch_at {
+            plan.wake_at = plan.wake_at.min(at);
+        }
+        // Still under the lock: a lease held from now on sees this.
+        names.planned = Some(plan.wake_at);
+        plan
+    }
+
+    /// Cancel the tokens of leases past their deadline, put the leases whose
+    /// `min_hold` is over in `plan.release`, and return the live ones.
+    fn sort_leases(&self, names: &Names, now: Stamp, plan: &mut Plan) -> Vec<Arc<Entry>> {
+        let mut live = Vec::new();
+        for slot in names.slots.values() {
+            let Slot::Held(entry) = slot else { continue };
+            let mut t = entry.timing();
+            if t.state == State::Live && t.deadline.passed(now) {
+                entry.lose(
+                    &mut t,
+                    &self.engine.holder,
+                    "its deadline passed without a successful renewal",
+                );
+            }
+            match (t.state, t.release_at) {
+                // Handed to the scheduler for a delayed release (`min_hold`):
+                // release when due, or at once once lost.
+                (State::Lost, Some(_)) => plan.release.push(entry.clone()),
+                (State::Live, Some(at)) if at <= now.mono => plan.release.push(entry.clone()),
+                (State::Live, _) => live.push(entry.clone()),
+                _ => {}
+            }
+        }
+        live
+    }
+
+    /// Record the outcome of a batch of renewals.
+    fn apply(&self, mut sent: Sent) {
+        let now = Stamp::now();
+        let holder = &*self.engine.holder;
+        if let Ok(v) = &sent.result
+            && v.len() != sent.entries.len()
+        {
+            let msg = format!(
+                "renew_many answered {} results for {} leases",
+                v.len(),
+                sent.entries.len()
+            );
+            sent.result = Err(Error::Protocol(msg));
+        }
+        for (i, entry) in sent.entries.iter().enumerate() {
+            let mut t = entry.timing();
+            t.in_flight = false;
+            if t.state != State::Live {
+                continue;
+            }
+            if t.deadline.passed(now) {
+                entry.lose(
+                    &mut t,
+                    holder,
+                    "its deadline passed before a renewal succeeded",
+                );
+                continue;
+            }
+            match sent.result.as_ref().map(|v| v[i]) {
+                Ok(true) => {
+                    t.deadline.extend(sent.sent, entry.ttl);
+                    t.next_renew = sent.sent.mono + renew_period(entry.ttl);
+                    t.failures = 0;
+                    tracing::trace!(lease.name = %entry.name, holder, "lease renewed");
+                }
+                Ok(false) => entry.lose(
+                    &mut t,
+                    holder,
+                    "the backend says it is no longer ours (expired, released or taken over)",
+                ),
+                Err(e) => {
+                    t.failures += 1;
+                    let delay = retry_delay(entry.ttl, t.failures);
+                    t.next_renew = now.mono + delay;
+                    tracing::warn!(
+                        lease.name = %entry.name,
+                        holder,
+                        fencing_token = entry.fencing_token,
+                        error = %e.chain(),
+                        failures = t.failures,
+                        retry_in = ?delay,
+                        "lease renewal failed; retrying until the deadline"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Mark the kept time limits that have passed as expired (their wakers go
+/// in `plan.expired`); the earliest one still to come.
+fn expire_watches(names: &mut Names, now: Instant, plan: &mut Plan) -> Option<Instant> {
+    let mut watch_at: Option<Instant> = None;
+    for w in names.watches.values_mut() {
+        if w.expired {
+            continue;
+        }
+        if now >= w.deadline {
+            w.expired = true;
+            plan.expired.extend(w.waker.take());
+        } else {
+            watch_at = Some(watch_at.map_or(w.deadline, |at| at.min(w.deadline)));
+        }
+    }
+    watch_at
+}
+
+/// No lease is live. Linger a while — a job run in a loop acquires again
+/// soon, and finding the scheduler still running saves starting one — and
+/// stay while a call's time limit is ours to keep; otherwise exit.
+fn linger_or_exit(
+    names: &mut Names,
+    now: Instant,
+    linger_until: Instant,
+    watch_at: Option<Instant>,
+    plan: &mut Plan,
+) {
+    if linger_until > now || watch_at.is_some() {
+        if linger_until > now {
+            plan.wake_at = linger_until;
+        }
+        if let Some(at) = watch_at {
+            plan.wake_at = plan.wake_at.min(at);
+        }
+        names.planned = Some(plan.wake_at);
+    } else {
+        names.scheduler = false;
+        names.planned = None;
+        plan.exit = true;
+    }
+}
+
+/// Put the live leases due for renewal in `plan.due` (marked in flight) and
+/// bring `plan.wake_at` forward to the next deadline, renewal or release.
+///
+/// Coalescing: when some lease is due anyway, every healthy lease that has
+/// run half of its renewal period goes with it. Renewing early never
+/// shortens a lease.
+fn pick_due(live: Vec<Arc<Entry>>, now: Instant, plan: &mut Plan) {
+    let any_due = live.iter().any(|e| {
+        let t = e.timing();
+        !t.in_flight && t.next_renew <= now
+    });
+    for entry in live {
+        let mut t = entry.timing();
+        if let Some(at) = t.release_at {
+            plan.wake_at = plan.wake_at.min(at);
+        }
+        plan.wake_at = plan.wake_at.min(t.deadline.mono);
+        if t.in_flight {
+            continue;
+        }
+        let early = renew_period(entry.ttl) / 2;
+        if t.next_renew <= now || (any_due && t.failures == 0 && t.next_renew <= now + early) {
+            t.in_flight = true;
+            drop(t);
+            plan.due.push(entry);
+        } else {
+            plan.wake_at = plan.wake_at.min(t.next_renew);
+        }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        // The task was dropped (its runtime is shutting down): nothing will
+        // renew these leases any more, so their holders must stop now.
+        let mut names = self.engine.names();
+        names.scheduler = false;
+        names.planned = None;
+        // Calls whose time limit it kept end now, as timed out.
+        let wakers: Vec<Waker> = names
+            .watches
+            .values_mut()
+            .filter_map(|w| {
+                w.expired = true;
+                w.waker.take()
+            })
+            .collect();
+        names.slots.retain(|_, slot| {
+            let Slot::Held(entry) = slot else { return true };
+            let mut t = entry.timing();
+            entry.lose(
+                &mut t,
+                &self.engine.holder,
+                "the runtime running its renewals shut down",
+            );
+            // A lease waiting out its `min_hold` has no guard left to release
+            // it, and no runtime to release it on: stop it and free the name
+            // (the lease ends at its ttl).
+            if t.release_at.is_some() {
+                t.state = State::Stopped;
+                return false;
+            }
+            true
+        });
+        drop(names);
+        for waker in wakers {
+            waker.wake();
+        }
+    }
+}
+
+/// Split the leases due for renewal into calls, sent together.
+///
+/// A call is given the time limit of its tightest lease, so leases are
+/// grouped by their own limit, `min(ttl/3, deadline - now)`: a lease within
+/// `ttl/3` of its deadline (its renewals have been failing) goes in a call
+/// of its own, and the others go together with leases whose renewal period
+/// is within a factor of two of theirs — a healthy lease never inherits the
+/// short limit of one about to be lost. At most [`MAX_BATCH`] leases per call.
+fn batches(due: Vec<Arc<Entry>>, now: Instant) -> Vec<Vec<Arc<Entry>>> {
+    let mut groups: HashMap<u32, Vec<Arc<Entry>>> = HashMap::new();
+    let mut calls = Vec::new();
+    for entry in due {
+        let period = renew_period(entry.ttl);
+        if entry.timing().deadline.mono.saturating_duration_since(now) < period {
+            calls.push(vec![entry]);
+        } else {
+            // The renewal period's power of two, in milliseconds.
+            let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+            groups.entry(ms.max(1).ilog2()).or_default().push(entry);
+        }
+    }
+    for (_, mut group) in groups {
+        while !group.is_empty() {
+            let rest = group.split_off(group.len().min(MAX_BATCH));
+            calls.push(group);
+            group = rest;
+        }
+    }
+    calls
+}
+
+/// Send one batch of renewals, within the time limit of its tightest lease
+/// ([`renew_timeout`]).
+async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, sent: Stamp) -> Sent {
+    let limit = entries
+        .iter()
+        .map(|e| renew_timeout(e.ttl, e.timing().deadline.mono, sent.mono))
+        .min()
+        .unwrap_or_default();
+    let holder = &*engine.holder;
+    let call = async {
+        if let [entry] = entries.as_slice() {
+            engine
+                .backend
+                .renew(entry.acquisition(holder), entry.ttl)
+                .await
+                .map(|ok| vec![ok])
+        } else {
+            let leases: Vec<(Acquisition<'_>, Duration)> = entries
+                .iter()
+                .map(|e| (e.acquisition(holder), e.ttl))
+                .collect();
+            engine.backend.renew_many(&leases).await
+        }
+    };
+    let result = match timeout(limit, call).await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            operation: "renew",
+            after: limit,
+        }),
+    };
+    Sent {
+        entries,
+        sent,
+        result,
+    }
+}

@@ -1,0 +1,190 @@
+//! The engine's timing rules, as pure functions of a lease's ttl and the
+//! clocks; see `docs/ARCHITECTURE.md` ("Timing rules") for their reasons.
+//!
+//! For a lease with time-to-live `ttl`:
+//!
+//! - the send time `t_send` of each acquire or renew request is read
+//!   *before* the request; on success the local deadline becomes
+//!   `t_send + ttl - margin`, `margin = ttl/100 + 2 ms`, never a time
+//!   computed from the reply;
+//! - a renewal is due `ttl/3` after the last successful request was sent,
+//!   and each attempt is given at most `min(ttl/3, deadline - now)`;
+//! - a failed renewal is retried after [`retry_delay`];
+//! - an acquire is given `min(ttl - margin, 30 s)`, a release `min(ttl, 30 s)`;
+//! - each deadline is kept on the monotonic clock and on the wall clock
+//!   ([`Deadline`]), and has passed when either clock says so.
+
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+
+/// Longest time any single acquire or release call is given, whatever the ttl.
+pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
+
+/// Safety margin subtracted from the ttl for the local deadline: `ttl/100 + 2ms`.
+pub(crate) fn margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How long after a successful request the next renewal is sent.
+pub(crate) fn renew_period(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// Time given to an acquire call: it must answer before the lease it asks for
+/// would already be past its local deadline.
+pub(crate) fn acquire_timeout(ttl: Duration) -> Duration {
+    (ttl - margin(ttl)).min(CALL_TIMEOUT_CAP)
+}
+
+/// Time given to a release call; after `ttl` the lease has ended anyway.
+pub(crate) fn release_timeout(ttl: Duration) -> Duration {
+    ttl.min(CALL_TIMEOUT_CAP)
+}
+
+/// Time given to one renewal call sent at `sent`: its renewal period, and
+/// never beyond the lease's deadline.
+pub(crate) fn renew_timeout(ttl: Duration, deadline: Instant, sent: Instant) -> Duration {
+    renew_period(ttl).min(deadline.saturating_duration_since(sent))
+}
+
+/// Wait before retrying the `failures`-th failed renewal in a row:
+/// `ttl/30` (between 1 ms and 500 ms), doubling per failure, at most `ttl/6`.
+pub(crate) fn retry_delay(ttl: Duration, failures: u32) -> Duration {
+    let base = (ttl / 30).clamp(Duration::from_millis(1), Duration::from_millis(500));
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    base.saturating_mul(factor)
+        .min(ttl / 6)
+        .max(Duration::from_millis(1))
+}
+
+/// An instant by both clocks: when a request was sent, or "now".
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Stamp {
+    pub(crate) mono: Instant,
+    pub(crate) wall: SystemTime,
+}
+
+impl Stamp {
+    pub(crate) fn now() -> Self {
+        Self {
+            mono: Instant::now(),
+            wall: wall_now(),
+        }
+    }
+}
+
+/// A lease's local deadline, kept on both clocks: Linux's monotonic clock
+/// stops while the machine is suspended, the wall clock does not (and a jump
+/// of the wall clock backward is caught by the monotonic one).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Deadline {
+    pub(crate) mono: Instant,
+    wall: SystemTime,
+}
+
+impl Deadline {
+    /// The deadline of a lease whose request, sent at `sent`, succeeded.
+    pub(crate) fn after(sent: Stamp, ttl: Duration) -> Self {
+        Self {
+            mono: sent.mono + ttl - margin(ttl),
+            wall: sent.wall + ttl - margin(ttl),
+        }
+    }
+
+    /// The deadline has passed by either clock.
+    pub(crate) fn passed(&self, now: Stamp) -> bool {
+        now.mono >= self.mono || now.wall >= self.wall
+    }
+
+    /// Extend it after another request, sent at `sent`, succeeded; never
+    /// shortens it.
+    pub(crate) fn extend(&mut self, sent: Stamp, ttl: Duration) {
+        let later = Self::after(sent, ttl);
+        self.mono = self.mono.max(later.mono);
+        self.wall = self.wall.max(later.wall);
+    }
+}
+
+/// The wall clock. Tests shift it to simulate a suspended machine.
+#[cfg(not(test))]
+fn wall_now() -> SystemTime {
+    SystemTime::now()
+}
+
+#[cfg(test)]
+thread_local! {
+    pub(crate) static WALL_SHIFT: std::cell::Cell<Duration> =
+        const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+#[cfg(test)]
+fn wall_now() -> SystemTime {
+    SystemTime::now() + WALL_SHIFT.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn margins_periods_and_limits() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(margin(ttl), ms(32));
+        assert_eq!(renew_period(ttl), ms(1000));
+        assert_eq!(acquire_timeout(ttl), ms(2968));
+        assert_eq!(release_timeout(ttl), ttl);
+        let day = Duration::from_secs(86_400);
+        assert_eq!(acquire_timeout(day), CALL_TIMEOUT_CAP);
+        assert_eq!(release_timeout(day), CALL_TIMEOUT_CAP);
+        assert_eq!(margin(ms(10)), Duration::from_micros(2_100));
+    }
+
+    #[test]
+    fn retries_back_off_between_bounds() {
+        let ttl = Duration::from_secs(3);
+        let delays: Vec<Duration> = (1..=6).map(|f| retry_delay(ttl, f)).collect();
+        assert_eq!(
+            delays,
+            [ms(100), ms(200), ms(400), ms(500), ms(500), ms(500)]
+        );
+        assert_eq!(retry_delay(ms(10), 1), ms(1));
+        assert_eq!(retry_delay(Duration::from_secs(86_400), 1), ms(500));
+        assert_eq!(retry_delay(ttl, u32::MAX), ms(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_never_outlive_the_deadline() {
+        let ttl = Duration::from_secs(3);
+        let now = Instant::now();
+        assert_eq!(renew_timeout(ttl, now + ms(5000), now), ms(1000));
+        assert_eq!(renew_timeout(ttl, now + ms(268), now), ms(268));
+        assert_eq!(renew_timeout(ttl, now, now + ms(1)), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_passes_by_either_clock_and_only_grows() {
+        let ttl = Duration::from_secs(3);
+        let sent = Stamp::now();
+        let mut deadline = Deadline::after(sent, ttl);
+        assert_eq!(deadline.mono - sent.mono, ms(2968));
+        assert!(!deadline.passed(sent));
+        let later = Stamp {
+            mono: sent.mono + ms(2968),
+            wall: sent.wall,
+        };
+        assert!(deadline.passed(later), "by the monotonic clock");
+        let suspended = Stamp {
+            mono: sent.mono,
+            wall: sent.wall + ms(2968),
+        };
+        assert!(deadline.passed(suspended), "by the wall clock");
+        let before = deadline.mono;
+        deadline.extend(sent, ms(10));
+        assert_eq!(deadline.mono, before, "a shorter renewal never shortens it");
+    }
+}
