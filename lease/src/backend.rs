@@ -31,26 +31,27 @@ use crate::Error;
 mod memory;
 pub use memory::Memory;
 
-#[cfg(feature = "sqlite")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-mod sqlite;
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteTable;
-
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-mod postgres;
-#[cfg(feature = "postgres")]
-pub use postgres::PgTable;
-
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+mod table;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
+)]
+pub use table::{Dialect, Table};
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
-mod mysql;
-#[cfg(feature = "mysql")]
-pub use mysql::MySqlTable;
-
-#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
-mod sql;
+pub use table::{MySqlDialect, MySqlTable};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use table::{PgDialect, PgTable};
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub use table::{SqliteDialect, SqliteTable};
 
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -340,19 +341,4 @@ impl<B: Backend> DynBackend for B {
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>> {
         Box::pin(Backend::renew_many(self, leases))
     }
-}
-
-/// The positions of `leases` grouped by holder, in order of first
-/// appearance: for batching backends whose statements take one holder (the
-/// engine sends one holder's leases, so there is one group in practice).
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub(crate) fn by_holder<'a>(leases: &[(Acquisition<'a>, Duration)]) -> Vec<(&'a str, Vec<usize>)> {
-    let mut groups: Vec<(&'a str, Vec<usize>)> = Vec::new();
-    for (i, (lease, _)) in leases.iter().enumerate() {
-        match groups.iter_mut().find(|(h, _)| *h == lease.holder) {
-            Some((_, at)) => at.push(i),
-            None => groups.push((lease.holder, vec![i])),
-        }
-    }
-    groups
 }

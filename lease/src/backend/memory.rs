@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Acquisition, Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant, Result};
 
 /// Leases kept in this process's memory, for tests.
 ///
@@ -96,12 +96,7 @@ impl Memory {
 }
 
 impl Backend for Memory {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let now = Instant::now();
         let mut rows = self.rows();
         let row = rows.entry(name.to_owned()).or_insert_with(|| Row {

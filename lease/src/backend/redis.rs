@@ -8,7 +8,7 @@ use ::redis::{RedisError, Script, ScriptInvocation};
 use deadpool_redis::Pool;
 use futures_util::future::join_all;
 
-use crate::{Acquisition, Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant, Result};
 
 /// Acquire. KEYS: lock, fence. ARGV: holder, ttl in ms.
 /// Returns the fencing token (an integer), or 0 when another holder has the
@@ -550,12 +550,7 @@ impl Backend for Redis {
     /// One script: if the lock is free, `INCR fence` and `SET lock
     /// "{fence}:{holder}" PX ttl`; if it already holds `holder`, `PEXPIRE`
     /// and its fence.
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let mut call = SCRIPTS.acquire.key(self.lock_key(name));
         call.key(self.fence_key(name)).arg(holder).arg(millis(ttl));
         let [fence] = self.run::<i64>("acquire", &[call]).await?[..] else {

@@ -1,0 +1,803 @@
+//! The table backends' shared core: [`Table`], generic over its SQL
+//! [`Dialect`] (PostgreSQL, MySQL/MariaDB, SQLite).
+//!
+//! Everything that does not depend on the SQL dialect lives here once: the
+//! struct and its constructors, the validated table name and the statements
+//! built from it, input checks, fencing-token conversion, the retry of
+//! transient errors, the batching of renewals, and the [`Backend`] impl. A
+//! dialect's file (`table/pg.rs`, `table/mysql.rs`, `table/sqlite.rs`) keeps
+//! only its statements, the reasons for them, and the few lines that bind
+//! and run them.
+
+use std::future::Future;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Acquisition, Backend, Error, Grant, validate};
+
+/// The acquire, renew and release calls of a dialect whose statements
+/// number their parameters (`$1` / `?1`: name, holder, ttl in ms, fence),
+/// so that binding in that order fits every statement: PostgreSQL, SQLite.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+macro_rules! numbered_calls {
+    () => {
+        async fn acquire(
+            t: &Table<Self>,
+            name: &str,
+            holder: &str,
+            ttl_ms: i64,
+        ) -> Result<Option<i64>, sqlx::Error> {
+            sqlx::query_scalar(AssertSqlSafe(t.sql.acquire.clone()))
+                .bind(name)
+                .bind(holder)
+                .bind(ttl_ms)
+                .fetch_optional(&t.pool)
+                .await
+        }
+
+        async fn renew(
+            t: &Table<Self>,
+            lease: Renewal<'_>,
+            holder: &str,
+        ) -> Result<bool, sqlx::Error> {
+            let done = sqlx::query(AssertSqlSafe(t.sql.renew.clone()))
+                .bind(lease.name)
+                .bind(holder)
+                .bind(lease.ttl_ms)
+                .bind(lease.fence)
+                .execute(&t.pool)
+                .await?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        release_call!();
+    };
+}
+
+/// The release call: the statement takes name, holder and fence, in that
+/// order, in every dialect (MySQL binds names and holders as bytes).
+macro_rules! release_call {
+    ($($to_bytes:ident)?) => {
+        async fn release(
+            t: &Table<Self>,
+            name: &str,
+            holder: &str,
+            fence: Option<i64>,
+        ) -> Result<(), sqlx::Error> {
+            sqlx::query(AssertSqlSafe(t.sql.release.clone()))
+                .bind(name$(.$to_bytes())?)
+                .bind(holder$(.$to_bytes())?)
+                .bind(fence)
+                .execute(&t.pool)
+                .await
+                .map(drop)
+        }
+    };
+}
+
+/// A dialect's marker type, with its docs.
+macro_rules! dialect {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy)]
+        pub enum $name {}
+
+        impl super::Dialect for $name {}
+    };
+}
+
+/// `create` as one plain statement (MySQL serialises concurrent
+/// `CREATE TABLE IF NOT EXISTS` itself; SQLite has one writer at a time).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+macro_rules! plain_create {
+    () => {
+        async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
+            sqlx::query(AssertSqlSafe(t.sql.create.clone()))
+                .execute(&t.pool)
+                .await
+                .map(drop)
+        }
+    };
+}
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod pg;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlDialect, MySqlTable};
+#[cfg(feature = "postgres")]
+pub use pg::{PgDialect, PgTable};
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteDialect, SqliteTable};
+
+/// Leases in a SQL table, one row per lease name — the implementation behind
+/// [`PgTable`](crate::backend::PgTable), [`MySqlTable`](crate::backend::MySqlTable)
+/// and [`SqliteTable`](crate::backend::SqliteTable); see each of them for its
+/// columns, clock and statements.
+///
+/// What every table backend guarantees:
+///
+/// - **The server's clock decides expiry** (the database's, or for SQLite
+///   the host's, read inside SQL), never the caller's.
+/// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
+///   acquisition of a name, one more for each later one, unchanged when the
+///   holder re-acquires its own live lease.
+/// - **Renew and release concern one acquisition**: they match name, holder
+///   and fence, so a late request of an older acquisition never touches a
+///   newer one. Renew never inserts a row, and never brings back a released
+///   or expired lease.
+/// - **Release keeps the row**: it sets `expires_at` to the epoch, so the
+///   fence never restarts, and a statement that waited for the release's row
+///   lock sees the row expired whatever instant it took as its "now". Rows
+///   are never deleted by this crate.
+/// - **One statement per call**, in autocommit; the renewals of many leases
+///   of one holder ([`Backend::renew_many`], which the engine uses) are one
+///   statement per 1,000 leases, and each lease learns whether it was renewed.
+/// - Names and holders are always bind parameters. The table name is
+///   validated when the backend is built and then put into the statements,
+///   which are built once.
+/// - A call whose future is dropped (for example by a timeout) after its
+///   statement reached the server may still take effect: an acquisition the
+///   caller never learned of ends at its ttl, or is picked up by the same
+///   holder's next (idempotent) acquire.
+///
+/// **Renewals share your pool.** Renewals and releases take a connection
+/// from the pool the backend was given, like the rest of your program. A job
+/// that holds every connection of that pool (a long transaction on each, a
+/// pool of one) keeps its own lease from being renewed, and loses the lease
+/// at its deadline. Give the pool one connection more than the job uses at
+/// once, or give the backend a small pool of its own.
+///
+/// **Round trips.** Each call checks a connection out of the pool, and by
+/// default sqlx tests an idle connection before handing it out
+/// (`test_before_acquire`): a renewal then costs two round trips, and it must
+/// answer within `ttl/3`. Build the pool with `test_before_acquire(false)` to
+/// make it one; a connection found dead is then reported by the statement
+/// itself, and the engine retries the renewal on another connection.
+///
+/// Cloning is cheap: a pool and reference-counted statements.
+pub struct Table<D: Dialect> {
+    pool: sqlx::Pool<D::Database>,
+    sql: Statements,
+}
+
+impl<D: Dialect> Clone for Table<D> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> std::fmt::Debug for Table<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(D::NAME)
+            .field("table", &self.sql.table)
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+/// The SQL dialect of a [`Table`]: PostgreSQL ([`PgDialect`]), MySQL/MariaDB
+/// ([`MySqlDialect`]) or SQLite ([`SqliteDialect`]). Sealed: implemented by
+/// this crate only.
+pub trait Dialect: sealed::Calls {}
+
+/// What a dialect provides to the core: its statements and the calls that
+/// bind and run them. Not reachable from outside the crate (the module is
+/// private), so its items may use the crate's own types.
+#[allow(unreachable_pub, private_interfaces)]
+mod sealed {
+    use std::future::Future;
+
+    use super::{Renewal, Table, Templates};
+
+    pub trait Calls: Sized + Send + Sync + 'static {
+        /// The sqlx database.
+        type Database: sqlx::Database;
+        /// The backend's type name, for `Debug`.
+        const NAME: &'static str;
+        /// The statements, with `{table}` for the table name.
+        const TEMPLATES: Templates;
+        /// Renewal batches run concurrently (one after the other if not).
+        const CONCURRENT_BATCHES: bool;
+
+        /// Create the table if it does not exist.
+        fn create(t: &Table<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// The acquire statement: the fence of the grant, or `None` when
+        /// another holder has a live lease.
+        fn acquire(
+            t: &Table<Self>,
+            name: &str,
+            holder: &str,
+            ttl_ms: i64,
+        ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// The renew statement: whether it matched a live row.
+        fn renew(
+            t: &Table<Self>,
+            lease: Renewal<'_>,
+            holder: &str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// The release statement.
+        fn release(
+            t: &Table<Self>,
+            name: &str,
+            holder: &str,
+            fence: Option<i64>,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// Renew `leases` (of `holder`, at most [`super::RENEW_MANY_CHUNK`])
+        /// in one statement (or as few as the dialect allows); which were
+        /// renewed, in order.
+        fn renew_batch(
+            t: &Table<Self>,
+            holder: &str,
+            leases: &[Renewal<'_>],
+        ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// An error after which the server rolled the statement back and it
+        /// may simply be run again (none, unless the dialect says so).
+        fn is_transient(e: &sqlx::Error) -> bool {
+            let _ = e;
+            false
+        }
+    }
+}
+
+/// One lease of a renewal, as bound: name, ttl in milliseconds, fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Renewal<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) ttl_ms: i64,
+    pub(crate) fence: Option<i64>,
+}
+
+impl<D: Dialect> Table<D> {
+    /// A backend on the table `task_leases` of `pool`'s database.
+    ///
+    /// Nothing is sent to the server until the first call; create the table
+    /// with [`ensure_schema`](Self::ensure_schema) or a migration.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::PgTable;
+    ///
+    /// # async fn f() -> Result<(), lease::Error> {
+    /// let table = PgTable::new(sqlx::PgPool::connect("postgres://localhost/app").await?);
+    /// assert_eq!(table.table(), "task_leases");
+    /// # Ok(()) }
+    /// ```
+    pub fn new(pool: sqlx::Pool<D::Database>) -> Self {
+        Self {
+            pool,
+            sql: Statements::default_table(&D::TEMPLATES),
+        }
+    }
+
+    /// The same backend on another table, `name` or `schema.name`.
+    ///
+    /// The name must match `[A-Za-z_][A-Za-z0-9_]*` (at most 63 bytes), once or
+    /// twice separated by one `.`; it is used unquoted (PostgreSQL folds it to
+    /// lower case). A schema (MySQL: a database) must already exist.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use lease::backend::PgTable;
+    ///
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let table = PgTable::new(pool).with_table("jobs.leases")?;
+    /// table.ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTable`] when `table` is not such a name.
+    pub fn with_table(self, table: &str) -> Result<Self, Error> {
+        Ok(Self {
+            pool: self.pool,
+            sql: Statements::new(&D::TEMPLATES, table)?,
+        })
+    }
+
+    /// Creates the table if it does not exist.
+    ///
+    /// Idempotent, and safe to call from many connections or processes at
+    /// once. It never touches sqlx's `_sqlx_migrations` table. The DDL is the
+    /// same as the dialect's file in `migrations/`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// lease::backend::PgTable::new(pool).ensure_schema().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached or refuses the
+    /// statement (for example a missing schema or privilege).
+    pub async fn ensure_schema(&self) -> Result<(), Error> {
+        explain(&self.pool, D::create(self).await).await
+    }
+
+    /// The pool this backend runs its statements on.
+    ///
+    /// Use it for your own queries, for example to see who holds what.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(table: lease::backend::PgTable) -> Result<(), lease::Error> {
+    /// let holders: Vec<(String, String, i64)> = sqlx::query_as(
+    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > clock_timestamp()",
+    /// )
+    /// .fetch_all(table.pool())
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn pool(&self) -> &sqlx::Pool<D::Database> {
+        &self.pool
+    }
+
+    /// The table name, as given to [`with_table`](Self::with_table)
+    /// (`task_leases` by default).
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// Runs one autocommit statement, again after a transient error (the
+    /// server rolled it back, so it is safe to run again; at most
+    /// [`ATTEMPTS`] times in all, with a short random backoff), and explains
+    /// a connection that could not be opened.
+    async fn run<T, F, Fut>(&self, statement: F) -> Result<T, Error>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match statement().await {
+                Err(e) if attempt < ATTEMPTS && D::is_transient(&e) => {
+                    // 2, 4, 8, 16, 32 ms, each plus up to as much again at random,
+                    // so that the contenders do not collide again in lockstep.
+                    let base = 1u64 << attempt;
+                    let jitter = RandomState::new().hash_one(attempt) % (base + 1);
+                    tokio::time::sleep(Duration::from_millis(base + jitter)).await;
+                    attempt += 1;
+                }
+                result => return explain(&self.pool, result).await,
+            }
+        }
+    }
+}
+
+impl<D: Dialect> Table<D> {
+    /// Renew the leases `at` (positions in `renewals`) of `holder`;
+    /// `(position, renewed)` for each.
+    async fn renew_chunk(
+        &self,
+        holder: &str,
+        at: &[usize],
+        renewals: &[Renewal<'_>],
+    ) -> Result<Vec<(usize, bool)>> {
+        let batch: Vec<Renewal<'_>> = at.iter().map(|&i| renewals[i]).collect();
+        let renewed = self.run(|| D::renew_batch(self, holder, &batch)).await?;
+        Ok(at.iter().copied().zip(renewed).collect())
+    }
+}
+
+/// How many times a statement is tried when the server reports a transient
+/// error (an InnoDB deadlock or lock wait timeout).
+const ATTEMPTS: u32 = 6;
+
+impl<D: Dialect> Backend for Table<D> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        let ttl_ms = check(name, holder, ttl)?;
+        let fence = self.run(|| D::acquire(self, name, holder, ttl_ms)).await?;
+        fence
+            .map(|f| Ok(Grant::new(Some(fence_token(f)?))))
+            .transpose()
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool> {
+        let renewal = Renewal {
+            name: lease.name,
+            ttl_ms: check(lease.name, lease.holder, ttl)?,
+            fence: fence_param(lease.fencing_token),
+        };
+        self.run(|| D::renew(self, renewal, lease.holder)).await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<()> {
+        check_no_ttl(lease.name, lease.holder)?;
+        let fence = fence_param(lease.fencing_token);
+        self.run(|| D::release(self, lease.name, lease.holder, fence))
+            .await
+    }
+
+    /// One statement per holder and 1,000 leases (MySQL: per holder, ttl
+    /// and 1,000 leases, and a `SELECT` when some lease was not renewed).
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>> {
+        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+        let mut renewals = Vec::with_capacity(leases.len());
+        for (i, &(lease, ttl)) in leases.iter().enumerate() {
+            renewals.push(Renewal {
+                name: lease.name,
+                ttl_ms: check(lease.name, lease.holder, ttl)?,
+                fence: fence_param(lease.fencing_token),
+            });
+            match groups.iter_mut().find(|(h, _)| *h == lease.holder) {
+                Some((_, at)) => at.push(i),
+                None => groups.push((lease.holder, vec![i])),
+            }
+        }
+        let chunks: Vec<(&str, &[usize])> = groups
+            .iter()
+            .flat_map(|(holder, at)| at.chunks(RENEW_MANY_CHUNK).map(move |c| (*holder, c)))
+            .collect();
+        let calls = chunks
+            .iter()
+            .map(|&(holder, at)| self.renew_chunk(holder, at, &renewals));
+        let results = if D::CONCURRENT_BATCHES {
+            futures_util::future::join_all(calls).await
+        } else {
+            let mut results = Vec::new();
+            for call in calls {
+                results.push(call.await);
+            }
+            results
+        };
+        let mut out = vec![false; leases.len()];
+        for chunk in results {
+            for (i, renewed) in chunk? {
+                out[i] = renewed;
+            }
+        }
+        Ok(out)
+    }
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The table used by `new(pool)`.
+pub(crate) const DEFAULT_TABLE: &str = "task_leases";
+
+/// The placeholder for the table name in the SQL templates of the backends.
+const TABLE: &str = "{table}";
+
+/// The placeholder for the list of bind parameters of a batch.
+const LIST: &str = "{list}";
+
+/// The most leases one batched renewal statement takes; larger batches are
+/// split (the engine never sends larger ones).
+pub(crate) const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
+
+/// The list lengths the batched statements are built for, when a backend
+/// binds one parameter (or pair) per lease: a batch is padded up to the next
+/// length by repeating its last lease, so that a connection prepares at most
+/// this many variants of the statement.
+pub(crate) const LIST_SIZES: [usize; 11] =
+    [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, RENEW_MANY_CHUNK];
+
+/// The index in [`LIST_SIZES`] of the shortest list that takes `n` leases
+/// (`1 ..= RENEW_MANY_CHUNK`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn list_size(n: usize) -> usize {
+    LIST_SIZES
+        .iter()
+        .position(|&size| size >= n)
+        .expect("BUG: a batch larger than RENEW_MANY_CHUNK")
+}
+
+/// SQL templates of one backend; `{table}` stands for the table name.
+pub(crate) struct Templates {
+    pub(crate) create: &'static str,
+    pub(crate) acquire: &'static str,
+    pub(crate) renew: &'static str,
+    pub(crate) release: &'static str,
+    /// The batched renewal. With a `list_item`, `{list}` stands for one
+    /// `list_item` per lease, separated by commas, and one statement is built
+    /// per length in [`LIST_SIZES`].
+    pub(crate) renew_many: &'static str,
+    /// MySQL only (else empty): which of a batch's leases are ours and live,
+    /// for when the renewal matched fewer rows than it had leases.
+    pub(crate) renewed_many: &'static str,
+    /// The bind parameters of one lease in `{list}`, or empty when the
+    /// statement takes arrays.
+    pub(crate) list_item: &'static str,
+}
+
+/// The statements of one table backend, built once from a validated table
+/// name. Cloning is a few reference-count increments.
+#[derive(Clone, Debug)]
+pub(crate) struct Statements {
+    pub(crate) table: Arc<str>,
+    pub(crate) create: Arc<str>,
+    pub(crate) acquire: Arc<str>,
+    pub(crate) renew: Arc<str>,
+    pub(crate) release: Arc<str>,
+    /// One per length in [`LIST_SIZES`], or a single statement.
+    pub(crate) renew_many: Arc<[Arc<str>]>,
+    /// Like `renew_many` (MySQL only, else empty).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) renewed_many: Arc<[Arc<str>]>,
+}
+
+impl Statements {
+    /// Validates `table` (see [`validate::table`]) and fills it into `templates`.
+    ///
+    /// This is the only place where text that did not come from this crate's
+    /// source is put into SQL, and it is an identifier of `[A-Za-z0-9_]` with at
+    /// most one `.`: it cannot contain quotes, comments, whitespace or `;`.
+    pub(crate) fn new(templates: &Templates, table: &str) -> Result<Self, Error> {
+        validate::table(table)?;
+        let fill = |template: &str| -> Arc<str> {
+            debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
+            template.replace(TABLE, table).into()
+        };
+        let lists = |template: &'static str| -> Arc<[Arc<str>]> {
+            if template.is_empty() {
+                return Arc::new([]);
+            }
+            if templates.list_item.is_empty() {
+                return Arc::new([fill(template)]);
+            }
+            debug_assert!(
+                template.contains(LIST),
+                "BUG: a batch template without {LIST}"
+            );
+            LIST_SIZES
+                .iter()
+                .map(|&n| {
+                    let list = vec![templates.list_item; n].join(", ");
+                    fill(&template.replace(LIST, &list))
+                })
+                .collect()
+        };
+        Ok(Self {
+            table: table.into(),
+            create: fill(templates.create),
+            acquire: fill(templates.acquire),
+            renew: fill(templates.renew),
+            release: fill(templates.release),
+            renew_many: lists(templates.renew_many),
+            renewed_many: lists(templates.renewed_many),
+        })
+    }
+
+    /// The statements for [`DEFAULT_TABLE`].
+    pub(crate) fn default_table(templates: &Templates) -> Self {
+        Self::new(templates, DEFAULT_TABLE).expect("BUG: the default table name is valid")
+    }
+}
+
+/// Checks the inputs of a backend call the way the engine does, and returns
+/// the ttl in whole milliseconds, the unit all three backends bind.
+///
+/// The engine validates before calling a backend, but the backends are public
+/// and may be called directly; an over-long name must never be truncated by a
+/// lenient server into a different (colliding) name, and a huge ttl must not
+/// overflow the SQL arithmetic.
+pub(crate) fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
+    validate::name(name)?;
+    validate::holder(holder)?;
+    ttl_ms(ttl)
+}
+
+/// Like [`check`], for calls without a ttl (`release`).
+pub(crate) fn check_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
+    validate::name(name)?;
+    validate::holder(holder)
+}
+
+/// `r`, with the reason a connection could not be opened when sqlx hides it.
+///
+/// A pool retries a refused connection until its `acquire_timeout` and then
+/// reports only `PoolTimedOut`. When that happens while the pool has no
+/// connection open, one connection attempt (bounded by `CONNECT_TIMEOUT`)
+/// finds out why, and its error is returned instead: the log then reads
+/// "connection refused", "password authentication failed", ... This costs
+/// nothing on the paths that work.
+pub(crate) async fn explain<T, DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    r: Result<T, sqlx::Error>,
+) -> Result<T, Error> {
+    const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+    match r {
+        Err(sqlx::Error::PoolTimedOut) if pool.size() == 0 && !pool.is_closed() => {
+            use sqlx::ConnectOptions;
+            let options = pool.connect_options();
+            match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+                Ok(Err(why)) => Err(Error::Database(why)),
+                Ok(Ok(conn)) => {
+                    // It works now: the pool will find that too.
+                    let _ = sqlx::Connection::close(conn).await;
+                    Err(Error::Database(sqlx::Error::PoolTimedOut))
+                }
+                Err(_) => Err(Error::Database(sqlx::Error::PoolTimedOut)),
+            }
+        }
+        r => Ok(r?),
+    }
+}
+
+/// A fencing token as bound to the `fence` column. `None` (no grant of a
+/// table backend has none) and tokens beyond `i64` (no table hands them out)
+/// bind NULL, which matches no row.
+pub(crate) fn fence_param(fencing_token: Option<u64>) -> Option<i64> {
+    fencing_token.and_then(|t| i64::try_from(t).ok())
+}
+
+/// A valid ttl (10 ms ..= 24 h, whole ms) as integer milliseconds.
+pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64, Error> {
+    validate::ttl(ttl)?;
+    // At most 86_400_000, so the conversion cannot fail.
+    Ok(i64::try_from(ttl.as_millis()).expect("BUG: a valid ttl fits in i64 milliseconds"))
+}
+
+/// Which of `leases` a batched renewal renewed, from the `(name, fence)`
+/// pairs of the rows it returned (PostgreSQL, SQLite).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn renewed_of(leases: &[Renewal<'_>], returned: &[(String, i64)]) -> Vec<bool> {
+    let returned: std::collections::HashSet<(&str, i64)> =
+        returned.iter().map(|(n, f)| (n.as_str(), *f)).collect();
+    leases
+        .iter()
+        .map(|l| l.fence.is_some_and(|f| returned.contains(&(l.name, f))))
+        .collect()
+}
+
+/// A fencing token read back from the `fence` column.
+pub(crate) fn fence_token(fence: i64) -> Result<u64, Error> {
+    match u64::try_from(fence) {
+        Ok(fence) if fence > 0 => Ok(fence),
+        _ => Err(Error::Protocol(format!(
+            "the fence column holds {fence}; fencing tokens start at 1 and only grow"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Templates = Templates {
+        create: "CREATE {table}",
+        acquire: "ACQUIRE {table} {table}",
+        renew: "RENEW {table}",
+        release: "RELEASE {table}",
+        renew_many: "MANY {table} IN ({list})",
+        renewed_many: "",
+        list_item: "(?, ?)",
+    };
+
+    #[test]
+    fn batch_statements_are_built_per_list_size() {
+        let s = Statements::new(&T, "t").expect("valid");
+        assert_eq!(s.renew_many.len(), LIST_SIZES.len());
+        assert_eq!(&*s.renew_many[0], "MANY t IN ((?, ?))");
+        assert_eq!(&*s.renew_many[1], "MANY t IN ((?, ?), (?, ?))");
+        assert_eq!(s.renew_many[10].matches("(?, ?)").count(), RENEW_MANY_CHUNK);
+        assert!(s.renewed_many.is_empty());
+        let arrays = Templates {
+            list_item: "",
+            renew_many: "MANY {table} $1",
+            ..T
+        };
+        let s = Statements::new(&arrays, "t").expect("valid");
+        assert_eq!(s.renew_many.len(), 1);
+        assert_eq!(&*s.renew_many[0], "MANY t $1");
+    }
+
+    #[test]
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn batches_are_padded_to_the_next_list_size() {
+        assert_eq!(list_size(1), 0);
+        assert_eq!(list_size(3), 2);
+        assert_eq!(list_size(512), 9);
+        assert_eq!(list_size(513), 10);
+        assert_eq!(list_size(RENEW_MANY_CHUNK), 10);
+    }
+
+    #[test]
+    fn statements_are_filled_with_the_validated_table() {
+        let s = Statements::new(&T, "my_schema.leases").expect("valid");
+        assert_eq!(&*s.table, "my_schema.leases");
+        assert_eq!(&*s.create, "CREATE my_schema.leases");
+        assert_eq!(&*s.acquire, "ACQUIRE my_schema.leases my_schema.leases");
+        assert_eq!(&*s.renew, "RENEW my_schema.leases");
+        assert_eq!(&*s.release, "RELEASE my_schema.leases");
+        assert_eq!(&*Statements::default_table(&T).table, "task_leases");
+    }
+
+    #[test]
+    fn invalid_tables_are_rejected() {
+        for bad in ["leases; drop table x", "a b", "`x`", "x--", "a.b.c", ""] {
+            assert!(
+                matches!(Statements::new(&T, bad), Err(Error::InvalidTable { ref table }) if table == bad),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn inputs_are_checked() {
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(check("n", "h", ms(10)).ok(), Some(10));
+        assert_eq!(check("n", "h", ms(86_400_000)).ok(), Some(86_400_000));
+        assert!(matches!(
+            check("n", "h", ms(9)),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            check("n", "h", Duration::MAX),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            check("", "h", ms(10)),
+            Err(Error::InvalidName { len: 0 })
+        ));
+        assert!(matches!(
+            check(&"x".repeat(256), "h", ms(10)),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            check_no_ttl("n", ""),
+            Err(Error::InvalidHolder { len: 0 })
+        ));
+        assert!(check_no_ttl(&"x".repeat(255), &"y".repeat(255)).is_ok());
+    }
+
+    /// The DDL of `ensure_schema` is the file in `migrations/`.
+    #[test]
+    fn migrations_are_the_default_ddl() {
+        #[allow(unused_mut)]
+        let mut pairs: Vec<(Arc<str>, &str)> = Vec::new();
+        #[cfg(feature = "postgres")]
+        pairs.push((
+            Statements::default_table(&<PgDialect as sealed::Calls>::TEMPLATES).create,
+            include_str!("../../../migrations/postgres/0001_task_leases.sql"),
+        ));
+        #[cfg(feature = "mysql")]
+        pairs.push((
+            Statements::default_table(&<MySqlDialect as sealed::Calls>::TEMPLATES).create,
+            include_str!("../../../migrations/mysql/0001_task_leases.sql"),
+        ));
+        #[cfg(feature = "sqlite")]
+        pairs.push((
+            Statements::default_table(&<SqliteDialect as sealed::Calls>::TEMPLATES).create,
+            include_str!("../../../migrations/sqlite/0001_task_leases.sql"),
+        ));
+        for (ddl, file) in pairs {
+            assert_eq!(file, format!("{ddl};\n"));
+        }
+    }
+
+    #[test]
+    fn fences_must_be_positive() {
+        assert_eq!(fence_token(1).ok(), Some(1));
+        assert_eq!(fence_token(i64::MAX).ok(), Some(i64::MAX as u64));
+        assert!(matches!(fence_token(0), Err(Error::Protocol(_))));
+        assert!(matches!(fence_token(-1), Err(Error::Protocol(_))));
+        assert_eq!(fence_param(Some(u64::MAX)), None);
+        assert_eq!(fence_param(Some(7)), Some(7));
+    }
+}
