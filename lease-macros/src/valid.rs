@@ -29,7 +29,13 @@ pub(crate) struct Singleton {
 }
 
 /// Check `args` against `item`, reporting every problem found at once.
-pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
+///
+/// Wrong arguments found while parsing are reported alone: the checks would
+/// only repeat them (`name = digest` is also a missing `name`).
+pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
+    if let Some(parse_errors) = &args.errors {
+        return Err(parse_errors.clone());
+    }
     let mut errors = Errors::default();
 
     if item.sig.asyncness.is_none() {
@@ -40,12 +46,12 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
         ));
     }
 
-    let name = match args.name {
-        Some(name) => errors.check(check_name(&name)).map(|()| name),
+    let name = match &args.name {
+        Some(name) => errors.check(check_name(name)).map(|()| name.clone()),
         None => errors.missing("missing `name` argument; add the lease's name, shared by every replica: `name = \"nightly-report\"`"),
     };
-    let ttl = match args.ttl {
-        Some(ttl) => errors.check(check_ttl(&ttl)),
+    let ttl = match &args.ttl {
+        Some(ttl) => errors.check(check_ttl(ttl)),
         None => errors.missing(
             "missing `ttl` argument; add how long a crashed holder keeps the lease, e.g. `ttl = \"90s\"` \
              (it is renewed every ttl/3 while the job runs)",
@@ -53,7 +59,8 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
     };
     let min_hold = args
         .min_hold
-        .and_then(|lit| errors.check(check_min_hold(&lit)));
+        .as_ref()
+        .and_then(|lit| errors.check(check_min_hold(lit)));
     if let (Some(token), Some(fence)) = (&args.token, &args.fence)
         && token == fence
     {
@@ -68,10 +75,10 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
         name: name.expect("BUG: a missing name is an error"),
         ttl_ms: ttl.expect("BUG: a missing ttl is an error"),
         min_hold_ms: min_hold,
-        lease: args.lease,
-        token: args.token,
-        fence: args.fence,
-        krate: args.krate,
+        lease: args.lease.clone(),
+        token: args.token.clone(),
+        fence: args.fence.clone(),
+        krate: args.krate.clone(),
     })
 }
 
