@@ -1,9 +1,16 @@
 //! Parsing `#[singleton(key = value, ...)]`: syntax only. Each value is kept
 //! with its span; what the values mean is checked in `valid.rs`.
+//!
+//! Parsing never fails: each mistake is recorded, and parsing goes on with
+//! the next argument after a wrong one (an unknown or duplicate key, a value
+//! of the wrong kind), or stops at broken syntax, keeping the arguments
+//! before it. So the names `token` and `fence` give the body are known
+//! whenever they were written correctly, and the expansion of an error can
+//! bind them (`expand::fallback`).
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
-use syn::parse::{Parse, ParseStream};
+use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Path, Token};
 
@@ -29,55 +36,91 @@ pub(crate) struct Args {
     pub(crate) fence: Option<Ident>,
     pub(crate) min_hold: Option<LitStr>,
     pub(crate) krate: Option<Path>,
+    /// Every mistake found, reported together.
+    pub(crate) errors: Option<syn::Error>,
 }
 
-impl Parse for Args {
-    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+impl Args {
+    /// The arguments of `#[singleton(...)]`, with the mistakes in `errors`.
+    pub(crate) fn parse(tokens: TokenStream) -> Self {
         let mut args = Args::default();
+        let parser = |input: ParseStream<'_>| {
+            if let Err(syntax) = args.parse_each(input) {
+                push(&mut args.errors, syntax);
+                // Skip the rest: parsing can't tell where it resumes.
+                input.step(|cursor| {
+                    let mut rest = *cursor;
+                    while let Some((_, next)) = rest.token_tree() {
+                        rest = next;
+                    }
+                    Ok(((), rest))
+                })?;
+            }
+            Ok(())
+        };
+        if let Err(error) = parser.parse2(tokens) {
+            push(&mut args.errors, error);
+        }
+        args
+    }
+
+    /// Parse each `key = value`, recording wrong ones; `Err` at broken syntax.
+    fn parse_each(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
+        let errors = &mut self.errors;
         while !input.is_empty() {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::name) {
                 let key = key::<kw::name>(input)?;
-                let value = string(input, "name", "name = \"nightly-report\"")?;
-                set(&mut args.name, key, "name", value)?;
+                let value = string(input, "name", "name = \"nightly-report\"", errors)?;
+                set(&mut self.name, key, "name", value, errors);
             } else if lookahead.peek(kw::ttl) {
                 let key = key::<kw::ttl>(input)?;
-                let value = string(input, "ttl", "ttl = \"90s\"")?;
-                set(&mut args.ttl, key, "ttl", value)?;
+                let value = string(input, "ttl", "ttl = \"90s\"", errors)?;
+                set(&mut self.ttl, key, "ttl", value, errors);
             } else if lookahead.peek(kw::lease) {
                 let key = key::<kw::lease>(input)?;
                 let value = input.parse::<Expr>()?;
-                set(&mut args.lease, key, "lease", value)?;
+                set(&mut self.lease, key, "lease", Some(value), errors);
             } else if lookahead.peek(kw::token) {
                 let key = key::<kw::token>(input)?;
                 let value = ident(
                     input,
                     "token",
                     "the body's name for the `CancellationToken`, e.g. `token = cancel`",
+                    errors,
                 )?;
-                set(&mut args.token, key, "token", value)?;
+                set(&mut self.token, key, "token", value, errors);
             } else if lookahead.peek(kw::fence) {
                 let key = key::<kw::fence>(input)?;
                 let value = ident(
                     input,
                     "fence",
                     "the body's name for the fencing token, e.g. `fence = fence`",
+                    errors,
                 )?;
-                set(&mut args.fence, key, "fence", value)?;
+                set(&mut self.fence, key, "fence", value, errors);
             } else if lookahead.peek(kw::min_hold) {
                 let key = key::<kw::min_hold>(input)?;
-                let value = string(input, "min_hold", "min_hold = \"30s\"")?;
-                set(&mut args.min_hold, key, "min_hold", value)?;
+                let value = string(input, "min_hold", "min_hold = \"30s\"", errors)?;
+                set(&mut self.min_hold, key, "min_hold", value, errors);
             } else if lookahead.peek(Token![crate]) {
                 let key = key::<Token![crate]>(input)?;
-                let value = path(input)?;
-                set(&mut args.krate, key, "crate", value)?;
+                let value = path(input, errors)?;
+                set(&mut self.krate, key, "crate", value, errors);
             } else if input.peek(Ident::peek_any) {
                 let unknown = input.call(Ident::parse_any)?;
-                return Err(syn::Error::new(
-                    unknown.span(),
-                    format!("unknown argument `{unknown}`; expected one of {KEYS}"),
-                ));
+                push(
+                    errors,
+                    syn::Error::new(
+                        unknown.span(),
+                        format!("unknown argument `{unknown}`; expected one of {KEYS}"),
+                    ),
+                );
+                // Skip its value, to go on with the next argument.
+                if input.peek(Token![=]) {
+                    input.parse::<Token![=]>()?;
+                    input.parse::<Expr>()?;
+                }
             } else {
                 return Err(lookahead.error());
             }
@@ -86,7 +129,15 @@ impl Parse for Args {
             }
             input.parse::<Token![,]>()?;
         }
-        Ok(args)
+        Ok(())
+    }
+}
+
+/// Record a wrong argument.
+fn push(errors: &mut Option<syn::Error>, error: syn::Error) {
+    match errors {
+        Some(all) => all.combine(error),
+        None => *errors = Some(error),
     }
 }
 
@@ -97,53 +148,92 @@ fn key<K: Parse + Spanned>(input: ParseStream<'_>) -> syn::Result<Span> {
     Ok(key.span())
 }
 
-/// Store `value`, unless `key` was given already.
-fn set<T>(slot: &mut Option<T>, key: Span, name: &str, value: T) -> syn::Result<()> {
+/// Store `value`, unless `key` was given already. `None` is a value that was
+/// wrong, and recorded already.
+fn set<T>(
+    slot: &mut Option<T>,
+    key: Span,
+    name: &str,
+    value: Option<T>,
+    errors: &mut Option<syn::Error>,
+) {
     if slot.is_some() {
-        return Err(syn::Error::new(
-            key,
-            format!("duplicate `{name}` argument; remove one of them"),
-        ));
+        push(
+            errors,
+            syn::Error::new(
+                key,
+                format!("duplicate `{name}` argument; remove one of them"),
+            ),
+        );
+    } else {
+        *slot = value;
     }
-    *slot = Some(value);
-    Ok(())
 }
 
-/// A string literal; anything else is reported on the value as written.
-fn string(input: ParseStream<'_>, key: &str, example: &str) -> syn::Result<LitStr> {
+/// A string literal; anything else is recorded on the value as written, and
+/// gives `None`.
+fn string(
+    input: ParseStream<'_>,
+    key: &str,
+    example: &str,
+    errors: &mut Option<syn::Error>,
+) -> syn::Result<Option<LitStr>> {
     if input.peek(LitStr) {
-        return input.parse();
+        return input.parse().map(Some);
     }
     let value: Expr = input.parse()?;
-    Err(syn::Error::new_spanned(
-        value,
-        format!("`{key}` must be a string literal, e.g. `{example}`"),
-    ))
+    push(
+        errors,
+        syn::Error::new_spanned(
+            value,
+            format!("`{key}` must be a string literal, e.g. `{example}`"),
+        ),
+    );
+    Ok(None)
 }
 
-/// A plain identifier (not a keyword, not a path, not a string).
-fn ident(input: ParseStream<'_>, key: &str, what: &str) -> syn::Result<Ident> {
+/// A plain identifier (not a keyword, not a path, not a string); anything
+/// else is recorded on the value as written, and gives `None`.
+fn ident(
+    input: ParseStream<'_>,
+    key: &str,
+    what: &str,
+    errors: &mut Option<syn::Error>,
+) -> syn::Result<Option<Ident>> {
     let fork = input.fork();
     if let Ok(ident) = fork.parse::<Ident>()
         && (fork.is_empty() || fork.peek(Token![,]))
     {
         input.parse::<Ident>()?;
-        return Ok(ident);
+        return Ok(Some(ident));
     }
     let value: Expr = input.parse()?;
-    Err(syn::Error::new_spanned(
-        value,
-        format!("`{key}` must be an identifier: {what}"),
-    ))
+    push(
+        errors,
+        syn::Error::new_spanned(value, format!("`{key}` must be an identifier: {what}")),
+    );
+    Ok(None)
 }
 
 /// `crate = "path::to::lease"`.
-fn path(input: ParseStream<'_>) -> syn::Result<Path> {
-    let lit = string(input, "crate", "crate = \"my_lib::lease\"")?;
-    lit.parse::<Path>().map_err(|_| {
-        syn::Error::new(
-            lit.span(),
-            format!("`crate` must be the path of the `lease` crate, e.g. `crate = \"my_lib::lease\"`, not {:?}", lit.value()),
-        )
-    })
+fn path(input: ParseStream<'_>, errors: &mut Option<syn::Error>) -> syn::Result<Option<Path>> {
+    let Some(lit) = string(input, "crate", "crate = \"my_lib::lease\"", errors)? else {
+        return Ok(None);
+    };
+    match lit.parse::<Path>() {
+        Ok(path) => Ok(Some(path)),
+        Err(_) => {
+            push(
+                errors,
+                syn::Error::new(
+                    lit.span(),
+                    format!(
+                        "`crate` must be the path of the `lease` crate, e.g. `crate = \"my_lib::lease\"`, not {:?}",
+                        lit.value()
+                    ),
+                ),
+            );
+            Ok(None)
+        }
+    }
 }

@@ -10,25 +10,73 @@ use syn::{Block, Expr, Item, ItemFn, ReturnType, Stmt, Type};
 use crate::attr::Args;
 use crate::valid::{self, Singleton};
 
-/// `#[singleton(args)] item`. On error the item is still emitted, unchanged,
-/// next to the `compile_error!`s, so the rest of the crate (and
-/// rust-analyzer) sees the fn as written and no follow-on errors appear.
+/// `#[singleton(args)] item`.
+///
+/// On error, the `compile_error!`s go next to the item as close to its
+/// expansion as is known, so the rest of the crate (and rust-analyzer) sees
+/// the fn and only the real errors are reported (tokio-macros expands with a
+/// default config for the same reason): the fn as written, with the names
+/// given by `token` and `fence` bound in its body ([`fallback`]), so that a
+/// body that uses them type-checks instead of getting a "cannot find value"
+/// error at each use. An item that is not a fn is emitted unchanged.
 pub(crate) fn singleton(args: TokenStream, item: TokenStream) -> TokenStream {
-    match try_singleton(args, item.clone()) {
-        Ok(expanded) => expanded,
-        Err(error) => {
-            let mut tokens = item;
-            tokens.extend(error.into_compile_error());
-            tokens
-        }
+    let item_fn = match parse_fn(item.clone()) {
+        Ok(item_fn) => item_fn,
+        Err(error) => return with_error(item, error),
+    };
+    let args = Args::parse(args);
+    match valid::check(&args, &item_fn) {
+        Ok(singleton) => expand(singleton, item_fn),
+        Err(error) => with_error(fallback(&args, item_fn), error),
     }
 }
 
-fn try_singleton(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
-    let item = parse_fn(item)?;
-    let args: Args = syn::parse2(args)?;
-    let singleton = valid::check(args, &item)?;
-    Ok(expand(singleton, item))
+fn with_error(mut tokens: TokenStream, error: syn::Error) -> TokenStream {
+    tokens.extend(error.into_compile_error());
+    tokens
+}
+
+/// The fn as written, its body starting with
+///
+/// ```text
+/// let <token>: ::lease::CancellationToken = ::lease::CancellationToken::new();
+/// let <fence>: ::core::option::Option<u64> = ::core::option::Option::None;
+/// ```
+///
+/// for those of `token` and `fence` that were parsed (after broken syntax in
+/// the arguments, a name is unknown and the body may report it missing): the
+/// body type-checks as in the expansion, where they are the job closure's
+/// parameters. The values are never used: the crate does not compile.
+fn fallback(args: &Args, mut item: ItemFn) -> TokenStream {
+    let krate = args
+        .krate
+        .as_ref()
+        .map_or_else(|| quote!(::lease), ToTokens::to_token_stream);
+    let mut bindings = TokenStream::new();
+    if let Some(token) = &args.token {
+        bindings.extend(quote! {
+            #[allow(unused_variables)]
+            let #token: #krate::CancellationToken = #krate::CancellationToken::new();
+        });
+    }
+    // `token` and `fence` with the same name is an error of its own; the
+    // body then sees the token, as it would after the fix.
+    if let Some(fence) = args
+        .fence
+        .as_ref()
+        .filter(|f| args.token.as_ref() != Some(*f))
+    {
+        bindings.extend(quote! {
+            #[allow(unused_variables)]
+            let #fence: ::core::option::Option<u64> = ::core::option::Option::None;
+        });
+    }
+    if !bindings.is_empty() {
+        item.block
+            .stmts
+            .insert(0, Stmt::Expr(Expr::Verbatim(bindings), None));
+    }
+    item.into_token_stream()
 }
 
 /// The annotated item, which must be a fn with a body.
@@ -357,6 +405,7 @@ mod tests {
         );
     }
 
+    /// Without `token` or `fence`, the fallback is the item as written.
     #[test]
     fn on_error_the_item_is_kept_next_to_the_error() {
         let item = quote!(
@@ -368,5 +417,161 @@ mod tests {
         assert!(out.starts_with(&item.to_string()), "{out}");
         assert!(out.contains("compile_error"), "{out}");
         assert!(out.contains("missing `ttl` argument"), "{out}");
+    }
+
+    /// The expansion of an error: what precedes its `compile_error!`s.
+    fn fallback_of(args: TokenStream, item: TokenStream) -> String {
+        let out = singleton(args, item).to_string();
+        let (fallback, _errors) = out
+            .split_once(":: core :: compile_error !")
+            .unwrap_or_else(|| panic!("no compile_error in {out}"));
+        fallback.trim_end().to_owned()
+    }
+
+    #[test]
+    fn on_a_check_error_the_body_still_sees_token_and_fence() {
+        let item = quote!(
+            async fn send_digest(&self) -> Option<u64> {
+                let _ = cancel.is_cancelled();
+                fencing_token
+            }
+        );
+        let expected = quote! {
+            async fn send_digest(&self) -> Option<u64> {
+                #[allow(unused_variables)]
+                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                #[allow(unused_variables)]
+                let fencing_token: ::core::option::Option<u64> = ::core::option::Option::None;
+                let _ = cancel.is_cancelled();
+                fencing_token
+            }
+        };
+        for args in [
+            quote!(
+                name = "n",
+                ttl = "90x",
+                token = cancel,
+                fence = fencing_token
+            ),
+            quote!(ttl = "90s", token = cancel, fence = fencing_token),
+            quote!(
+                name = "n",
+                ttl = "90s",
+                min_hold = "2days",
+                token = cancel,
+                fence = fencing_token
+            ),
+            quote!(token = cancel, fence = fencing_token),
+        ] {
+            assert_eq!(fallback_of(args, item.clone()), expected.to_string());
+        }
+    }
+
+    /// A wrong argument does not stop parsing: the names after it are bound.
+    #[test]
+    fn on_a_wrong_argument_the_body_still_sees_token_and_fence() {
+        let item = quote!(
+            async fn tick() -> bool {
+                !cancel.is_cancelled()
+            }
+        );
+        let expected = quote! {
+            async fn tick() -> bool {
+                #[allow(unused_variables)]
+                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                !cancel.is_cancelled()
+            }
+        };
+        for args in [
+            quote!(name = "n", ttl = "90s", timeout = "10s", token = cancel),
+            quote!(name = "n", ttl = "90s", retry, token = cancel),
+            quote!(name = n, ttl = "90s", token = cancel),
+            quote!(name = "n", ttl = "90s", ttl = "2m", token = cancel),
+            quote!(name = "n", ttl = "90s", fence = "f", token = cancel),
+            quote!(
+                name = "n",
+                ttl = "90s",
+                crate = "not a path",
+                token = cancel
+            ),
+        ] {
+            assert_eq!(fallback_of(args, item.clone()), expected.to_string());
+        }
+    }
+
+    #[test]
+    fn every_wrong_argument_is_reported() {
+        let args = quote!(timeout = "10s", name = n, ttl = "90s", ttl = "2m");
+        let out = singleton(
+            args,
+            quote!(
+                async fn tick() {}
+            ),
+        )
+        .to_string();
+        assert_eq!(out.matches("compile_error").count(), 3, "{out}");
+        assert!(out.contains("unknown argument `timeout`"), "{out}");
+        assert!(out.contains("`name` must be a string literal"), "{out}");
+        assert!(out.contains("duplicate `ttl` argument"), "{out}");
+    }
+
+    /// Broken syntax stops parsing: the names before it are bound, those
+    /// after it are unknown.
+    #[test]
+    fn on_broken_syntax_the_names_before_it_are_bound() {
+        let item = quote!(
+            async fn tick() -> bool {
+                !cancel.is_cancelled()
+            }
+        );
+        let with_cancel = quote! {
+            async fn tick() -> bool {
+                #[allow(unused_variables)]
+                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                !cancel.is_cancelled()
+            }
+        };
+        for (args, expected) in [
+            (
+                quote!(name = "n", ttl = "90s", token = cancel, timeout "10s"),
+                &with_cancel,
+            ),
+            (
+                quote!(name = "n", ttl = "90s", token = cancel, fence f),
+                &with_cancel,
+            ),
+            (
+                quote!(name = "n", ttl = "90s", token = cancel, lease = ),
+                &with_cancel,
+            ),
+            (quote!(name = "n" ttl = "90s", token = cancel), &item),
+            (
+                quote!(name = "n", ttl = "90s", lease = , token = cancel),
+                &item,
+            ),
+        ] {
+            assert_eq!(fallback_of(args, item.clone()), expected.to_string());
+        }
+    }
+
+    #[test]
+    fn the_fallback_uses_the_crate_override_and_skips_a_fence_named_like_the_token() {
+        let args = quote!(
+            name = "n",
+            ttl = "0s",
+            token = t,
+            fence = t,
+            crate = "my_lib::lease"
+        );
+        let item = quote!(
+            async fn tick() {}
+        );
+        let expected = quote! {
+            async fn tick() {
+                #[allow(unused_variables)]
+                let t: my_lib::lease::CancellationToken = my_lib::lease::CancellationToken::new();
+            }
+        };
+        assert_eq!(fallback_of(args, item), expected.to_string());
     }
 }

@@ -97,7 +97,9 @@ use proc_macro::TokenStream;
 /// does not parse or is out of range, a `min_hold` over 24 h, a `token` or
 /// `fence` that is not an identifier, a `lease` that is not a `Lease`, a
 /// return type that is not `Skippable`, and `#[singleton]` on anything but a
-/// fn.
+/// fn. The fn is still emitted next to such an error, with the names given
+/// by `token` and `fence` bound in its body, so the body adds no errors of
+/// its own (no "cannot find value `cancel`").
 ///
 /// [humantime]: https://docs.rs/humantime
 #[proc_macro_attribute]

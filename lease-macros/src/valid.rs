@@ -9,6 +9,9 @@ use syn::{Expr, Ident, ItemFn, LitStr, Path};
 
 use crate::attr::Args;
 
+// The runtime's limits, copied: a proc-macro crate cannot depend on `lease`.
+// The test `limits_are_the_runtimes` checks them against `lease`'s.
+
 /// Shortest ttl (`lease::MIN_TTL`).
 const MIN_TTL: Duration = Duration::from_millis(10);
 /// Longest ttl (`lease::MAX_TTL`); also the longest `min_hold`.
@@ -29,7 +32,13 @@ pub(crate) struct Singleton {
 }
 
 /// Check `args` against `item`, reporting every problem found at once.
-pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
+///
+/// Wrong arguments found while parsing are reported alone: the checks would
+/// only repeat them (`name = digest` is also a missing `name`).
+pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
+    if let Some(parse_errors) = &args.errors {
+        return Err(parse_errors.clone());
+    }
     let mut errors = Errors::default();
 
     if item.sig.asyncness.is_none() {
@@ -40,12 +49,12 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
         ));
     }
 
-    let name = match args.name {
-        Some(name) => errors.check(check_name(&name)).map(|()| name),
+    let name = match &args.name {
+        Some(name) => errors.check(check_name(name)).map(|()| name.clone()),
         None => errors.missing("missing `name` argument; add the lease's name, shared by every replica: `name = \"nightly-report\"`"),
     };
-    let ttl = match args.ttl {
-        Some(ttl) => errors.check(check_ttl(&ttl)),
+    let ttl = match &args.ttl {
+        Some(ttl) => errors.check(check_ttl(ttl)),
         None => errors.missing(
             "missing `ttl` argument; add how long a crashed holder keeps the lease, e.g. `ttl = \"90s\"` \
              (it is renewed every ttl/3 while the job runs)",
@@ -53,7 +62,8 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
     };
     let min_hold = args
         .min_hold
-        .and_then(|lit| errors.check(check_min_hold(&lit)));
+        .as_ref()
+        .and_then(|lit| errors.check(check_min_hold(lit)));
     if let (Some(token), Some(fence)) = (&args.token, &args.fence)
         && token == fence
     {
@@ -68,10 +78,10 @@ pub(crate) fn check(args: Args, item: &ItemFn) -> syn::Result<Singleton> {
         name: name.expect("BUG: a missing name is an error"),
         ttl_ms: ttl.expect("BUG: a missing ttl is an error"),
         min_hold_ms: min_hold,
-        lease: args.lease,
-        token: args.token,
-        fence: args.fence,
-        krate: args.krate,
+        lease: args.lease.clone(),
+        token: args.token.clone(),
+        fence: args.fence.clone(),
+        krate: args.krate.clone(),
     })
 }
 
@@ -106,10 +116,16 @@ fn check_ttl(lit: &LitStr) -> syn::Result<(u64, Span)> {
         );
     }
     if ttl < MIN_TTL {
-        return fail("`ttl` must be at least 10ms; use a longer duration, e.g. `ttl = \"90s\"`");
+        return fail(&format!(
+            "`ttl` must be at least {}; use a longer duration, e.g. `ttl = \"90s\"`",
+            format_limit(MIN_TTL)
+        ));
     }
     if ttl > MAX_TTL {
-        return fail("`ttl` must be at most 24h; use a shorter duration, e.g. `ttl = \"1h\"`");
+        return fail(&format!(
+            "`ttl` must be at most {}; use a shorter duration, e.g. `ttl = \"1h\"`",
+            format_limit(MAX_TTL)
+        ));
     }
     Ok((whole_millis(lit, "ttl", ttl)?, lit.span()))
 }
@@ -122,8 +138,11 @@ fn check_min_hold(lit: &LitStr) -> syn::Result<(u64, Span)> {
     if min_hold > MAX_TTL {
         return Err(syn::Error::new(
             lit.span(),
-            "`min_hold` must be at most 24h: it keeps the lease after the job is done, \
-             so use about one tick of the schedule, e.g. `min_hold = \"30s\"`",
+            format!(
+                "`min_hold` must be at most {}: it keeps the lease after the job is done, \
+                 so use about one tick of the schedule, e.g. `min_hold = \"30s\"`",
+                format_limit(MAX_TTL)
+            ),
         ));
     }
     Ok((whole_millis(lit, "min_hold", min_hold)?, lit.span()))
@@ -159,6 +178,18 @@ fn whole_millis(lit: &LitStr, key: &str, d: Duration) -> syn::Result<u64> {
 
 fn format_ms(d: Duration) -> String {
     format!("{}ms", d.as_millis())
+}
+
+/// A limit in its largest whole unit: `10ms`, `24h`.
+fn format_limit(d: Duration) -> String {
+    let ms = d.as_millis();
+    [(3_600_000, "h"), (60_000, "m"), (1_000, "s")]
+        .into_iter()
+        .find(|&(unit, _)| ms > 0 && ms.is_multiple_of(unit))
+        .map_or_else(
+            || format_ms(d),
+            |(unit, name)| format!("{}{name}", ms / unit),
+        )
 }
 
 fn lowercase_first(s: &str) -> String {
@@ -254,6 +285,57 @@ mod tests {
                 .contains("at most 24h")
         );
         assert!(ms(check_min_hold(&lit("1.5ms"))).is_err());
+    }
+
+    /// The macro's limits are `lease`'s (here a dev-dependency, which a
+    /// proc-macro crate cannot have as a dependency): at each boundary, the
+    /// last value `lease` accepts passes and one step past it fails, so a
+    /// limit changed in either crate alone fails this test.
+    #[test]
+    fn limits_are_the_runtimes() {
+        let ttl = |d: Duration| ms(check_ttl(&lit(&format_ms(d))));
+        let min_hold = |d: Duration| ms(check_min_hold(&lit(&format_ms(d))));
+        let name = |len: usize| check_name(&lit(&"x".repeat(len))).map_err(|e| e.to_string());
+        let (min_ttl, max_ttl) = (lease::MIN_TTL, lease::MAX_TTL);
+        let step = Duration::from_millis(1);
+
+        assert_eq!(ttl(min_ttl), Ok(min_ttl.as_millis() as u64));
+        let below = ttl(min_ttl - step).unwrap_err();
+        assert!(
+            below.contains(&format!("at least {}", format_limit(min_ttl)))
+                || (min_ttl == step && below.contains("must not be zero")),
+            "{below}"
+        );
+        assert_eq!(ttl(max_ttl), Ok(max_ttl.as_millis() as u64));
+        let above = ttl(max_ttl + step).unwrap_err();
+        assert!(
+            above.contains(&format!("at most {}", format_limit(max_ttl))),
+            "{above}"
+        );
+
+        assert_eq!(min_hold(max_ttl), Ok(max_ttl.as_millis() as u64));
+        let above = min_hold(max_ttl + step).unwrap_err();
+        assert!(
+            above.contains(&format!("at most {}", format_limit(max_ttl))),
+            "{above}"
+        );
+
+        assert_eq!(name(lease::MAX_NAME_LEN), Ok(()));
+        let long = name(lease::MAX_NAME_LEN + 1).unwrap_err();
+        assert!(
+            long.contains(&format!("at most {} bytes", lease::MAX_NAME_LEN)),
+            "{long}"
+        );
+    }
+
+    #[test]
+    fn limits_are_written_in_their_largest_unit() {
+        assert_eq!(format_limit(Duration::from_millis(10)), "10ms");
+        assert_eq!(format_limit(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_limit(Duration::from_secs(90)), "90s");
+        assert_eq!(format_limit(Duration::from_secs(120)), "2m");
+        assert_eq!(format_limit(Duration::from_secs(24 * 60 * 60)), "24h");
+        assert_eq!(format_limit(Duration::ZERO), "0ms");
     }
 
     #[test]
