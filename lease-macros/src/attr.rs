@@ -23,7 +23,7 @@ mod kw {
     syn::custom_keyword!(min_hold);
 }
 
-/// Every argument, in the order of MACRO.md.
+/// Every argument, in the order of the attribute's docs (`lease::singleton`).
 pub(crate) const KEYS: &str = "`name`, `ttl`, `lease`, `token`, `fence`, `min_hold`, `crate`";
 
 /// The arguments as written, each at most once.

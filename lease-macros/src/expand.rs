@@ -255,7 +255,7 @@ fn erase_impl_trait(ty: &Type) -> Type {
 mod tests {
     use super::*;
 
-    /// The whole expansion of the MACRO.md example: one call, nothing else.
+    /// The whole expansion of the documented example: one call, nothing else.
     #[test]
     fn expansion_of_the_contract_example() {
         let args = quote!(

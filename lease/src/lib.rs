@@ -177,8 +177,8 @@ mod error;
 mod global;
 mod guard;
 mod lease;
+mod macro_runtime;
 mod outcome;
-mod private;
 mod skippable;
 #[cfg(test)]
 mod test_util;
@@ -210,5 +210,5 @@ pub use lease_macros::singleton;
 /// Not public API: the runtime side of `#[singleton]`'s expansion.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::private::{AsLease, global, run};
+    pub use crate::macro_runtime::{AsLease, global, run};
 }

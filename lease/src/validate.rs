@@ -1,4 +1,7 @@
-//! Input rules shared by the engine and the backends (DESIGN §2 "Input rules").
+//! Input rules shared by the engine and every backend (`docs/ARCHITECTURE.md`,
+//! "Input rules"): the engine checks before it calls a backend, and each
+//! backend checks again with [`call`] / [`call_no_ttl`], since backends are
+//! public and may be called directly.
 
 use std::time::Duration;
 
@@ -37,6 +40,27 @@ pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
     Ok(())
 }
 
+/// The inputs of a backend call with a ttl (acquire, renew), checked as the
+/// engine checks them; the ttl in whole milliseconds, the unit every backend
+/// sends.
+///
+/// An over-long name must never reach a lenient server that would truncate
+/// it into another (colliding) name, and a huge ttl must not overflow the
+/// server's arithmetic.
+pub(crate) fn call(name: &str, holder: &str, ttl: Duration) -> Result<u32, Error> {
+    self::name(name)?;
+    self::holder(holder)?;
+    self::ttl(ttl)?;
+    // At most 86_400_000, so the conversion cannot fail.
+    Ok(u32::try_from(ttl.as_millis()).expect("BUG: a valid ttl fits in u32 milliseconds"))
+}
+
+/// Like [`call`], for calls without a ttl (release).
+pub(crate) fn call_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
+    self::name(name)?;
+    self::holder(holder)
+}
+
 /// `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified; at most 63 bytes a part
 /// (PostgreSQL's identifier limit, below MySQL's 64).
 #[cfg_attr(
@@ -66,6 +90,34 @@ pub(crate) fn table(table: &str) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_are_checked() {
+        let ms = |ms| Duration::from_millis(ms);
+        assert_eq!(call("n", "h", ms(10)).ok(), Some(10));
+        assert_eq!(call("n", "h", ms(86_400_000)).ok(), Some(86_400_000));
+        assert!(matches!(
+            call("n", "h", ms(9)),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            call("n", "h", Duration::MAX),
+            Err(Error::InvalidTtl { .. })
+        ));
+        assert!(matches!(
+            call("", "h", ms(10)),
+            Err(Error::InvalidName { len: 0 })
+        ));
+        assert!(matches!(
+            call(&"x".repeat(256), "h", ms(10)),
+            Err(Error::InvalidName { .. })
+        ));
+        assert!(matches!(
+            call_no_ttl("n", ""),
+            Err(Error::InvalidHolder { len: 0 })
+        ));
+        assert!(call_no_ttl(&"x".repeat(255), &"y".repeat(255)).is_ok());
+    }
 
     #[test]
     fn names() {

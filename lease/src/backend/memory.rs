@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Acquisition, Backend, Error, Grant, Result};
+use crate::{Acquisition, Backend, Error, Grant, Result, validate};
 
 /// Leases kept in this process's memory, for tests.
 ///
@@ -97,6 +97,7 @@ impl Memory {
 
 impl Backend for Memory {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        validate::call(name, holder, ttl)?;
         let now = Instant::now();
         let mut rows = self.rows();
         let row = rows.entry(name.to_owned()).or_insert_with(|| Row {
@@ -116,6 +117,7 @@ impl Backend for Memory {
     }
 
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        validate::call(lease.name, lease.holder, ttl)?;
         let now = Instant::now();
         match self.rows().get_mut(lease.name) {
             Some(row) if row.live(now) && row.is(lease) => {
@@ -127,6 +129,7 @@ impl Backend for Memory {
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
         let now = Instant::now();
         if let Some(row) = self.rows().get_mut(lease.name)
             && row.live(now)

@@ -20,8 +20,7 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
      AND objid::int8 = ($1::int8 & 4294967295))";
 
 /// Leases as PostgreSQL session-level advisory locks
-/// (`pg_try_advisory_lock`), each held on a connection of its own — the
-/// backend of the Go `lock.PG` this crate ports.
+/// (`pg_try_advisory_lock`), each held on a connection of its own.
 ///
 /// No table, no migration: any PostgreSQL database will do. A lease is an
 /// exclusive advisory lock on the 64-bit key that sqlx's

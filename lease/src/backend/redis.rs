@@ -8,7 +8,7 @@ use ::redis::{RedisError, Script, ScriptInvocation};
 use deadpool_redis::Pool;
 use futures_util::future::join_all;
 
-use crate::{Acquisition, Backend, Error, Grant, Result};
+use crate::{Acquisition, Backend, Error, Grant, Result, validate};
 
 /// Acquire. KEYS: lock, fence. ARGV: holder, ttl in ms.
 /// Returns the fencing token (an integer), or 0 when another holder has the
@@ -92,9 +92,9 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(RELEASE),
 });
 
-/// Leases as Redis keys: `SET key holder NX PX ttl`, renewed and released
-/// by Lua scripts that first check the key still holds our holder — the
-/// backend of the Go `lock.Redis` this crate ports, plus fencing tokens.
+/// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released
+/// by Lua scripts that first check the key still holds this acquisition,
+/// with fencing tokens.
 ///
 /// # Keys
 ///
@@ -188,10 +188,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 ///
 /// A call therefore costs one round trip (plus `SCRIPT LOAD` the first time
 /// on a server), and a renewal must answer within `ttl/3`: choose a ttl well
-/// above three times the worst round trip to Redis. (The fault suite's
-/// results in `docs/RELIABILITY.md`, leases lost at a round trip of `ttl/6`,
-/// were measured when every call still checked a connection out of the pool,
-/// which deadpool-redis does with a `PING`: two round trips per call.)
+/// above three times the worst round trip to Redis (`docs/RELIABILITY.md`
+/// measures it under added latency).
 ///
 /// When Redis is unreachable, [`Lease::try_acquire`](crate::Lease::try_acquire)
 /// returns `Err` within this timeout or the engine's acquire limit
@@ -523,15 +521,11 @@ impl Redis {
             }))
     }
 
-    /// The renewal of `lease`, or `None` if it has no fencing token (every
-    /// grant of this backend has one, so it cannot be ours).
-    fn renew_call(
-        &self,
-        lease: Acquisition<'_>,
-        ttl: Duration,
-    ) -> Option<ScriptInvocation<'static>> {
+    /// The renewal of `lease` for `ttl_ms`, or `None` if it has no fencing
+    /// token (every grant of this backend has one, so it cannot be ours).
+    fn renew_call(&self, lease: Acquisition<'_>, ttl_ms: u32) -> Option<ScriptInvocation<'static>> {
         let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
-        call.arg(lock_value(lease)?).arg(millis(ttl));
+        call.arg(lock_value(lease)?).arg(ttl_ms);
         Some(call)
     }
 }
@@ -541,18 +535,14 @@ fn lock_value(lease: Acquisition<'_>) -> Option<String> {
     Some(format!("{}:{}", lease.fencing_token?, lease.holder))
 }
 
-/// A ttl in whole milliseconds (the engine only passes whole milliseconds).
-fn millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl Backend for Redis {
     /// One script: if the lock is free, `INCR fence` and `SET lock
     /// "{fence}:{holder}" PX ttl`; if it already holds `holder`, `PEXPIRE`
     /// and its fence.
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        let ttl_ms = validate::call(name, holder, ttl)?;
         let mut call = SCRIPTS.acquire.key(self.lock_key(name));
-        call.key(self.fence_key(name)).arg(holder).arg(millis(ttl));
+        call.key(self.fence_key(name)).arg(holder).arg(ttl_ms);
         let [fence] = self.run::<i64>("acquire", &[call]).await?[..] else {
             return Err(Error::Protocol(
                 "the acquire script answered no value".to_owned(),
@@ -569,7 +559,8 @@ impl Backend for Redis {
 
     /// `PEXPIRE lock ttl` iff the lock still holds this acquisition.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
-        let Some(call) = self.renew_call(lease, ttl) else {
+        let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
+        let Some(call) = self.renew_call(lease, ttl_ms) else {
             return Ok(false);
         };
         let renewed = self.run::<i64>("renew", &[call]).await?;
@@ -578,6 +569,7 @@ impl Backend for Redis {
 
     /// `DEL lock` iff the lock still holds this acquisition. The fence key stays.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
         let Some(value) = lock_value(lease) else {
             return Ok(());
         };
@@ -593,11 +585,13 @@ impl Backend for Redis {
     async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         // Leases without a fencing token cannot be ours: answered `false`
         // without asking.
-        let ours: Vec<(usize, String, Duration)> = leases
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &(lease, ttl))| Some((i, lock_value(lease)?, ttl)))
-            .collect();
+        let mut ours: Vec<(usize, String, u32)> = Vec::with_capacity(leases.len());
+        for (i, &(lease, ttl)) in leases.iter().enumerate() {
+            let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
+            if let Some(value) = lock_value(lease) {
+                ours.push((i, value, ttl_ms));
+            }
+        }
         let mut out = vec![false; leases.len()];
         let calls: Vec<_> = ours
             .chunks(RENEW_MANY_CHUNK)
@@ -606,7 +600,7 @@ impl Backend for Redis {
                 for (i, value, ttl) in chunk {
                     call.key(self.lock_key(leases[*i].0.name))
                         .arg(value)
-                        .arg(millis(*ttl));
+                        .arg(*ttl);
                 }
                 call
             })
@@ -727,11 +721,5 @@ mod tests {
         ] {
             assert!(!connection_failed(&e), "{e}");
         }
-    }
-
-    #[test]
-    fn ttls_are_whole_milliseconds() {
-        assert_eq!(millis(Duration::from_millis(10)), 10);
-        assert_eq!(millis(Duration::from_secs(86_400)), 86_400_000);
     }
 }

@@ -427,7 +427,7 @@ impl<D: Dialect> Backend for Table<D> {
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<()> {
-        check_no_ttl(lease.name, lease.holder)?;
+        validate::call_no_ttl(lease.name, lease.holder)?;
         let fence = fence_param(lease.fencing_token);
         self.run(|| D::release(self, lease.name, lease.holder, fence))
             .await
@@ -589,23 +589,9 @@ impl Statements {
     }
 }
 
-/// Checks the inputs of a backend call the way the engine does, and returns
-/// the ttl in whole milliseconds, the unit all three backends bind.
-///
-/// The engine validates before calling a backend, but the backends are public
-/// and may be called directly; an over-long name must never be truncated by a
-/// lenient server into a different (colliding) name, and a huge ttl must not
-/// overflow the SQL arithmetic.
-pub(crate) fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
-    validate::name(name)?;
-    validate::holder(holder)?;
-    ttl_ms(ttl)
-}
-
-/// Like [`check`], for calls without a ttl (`release`).
-pub(crate) fn check_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
-    validate::name(name)?;
-    validate::holder(holder)
+/// [`validate::call`], with the ttl as the `i64` milliseconds SQL binds.
+fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
+    validate::call(name, holder, ttl).map(i64::from)
 }
 
 /// `r`, with the reason a connection could not be opened when sqlx hides it.
@@ -644,13 +630,6 @@ pub(crate) async fn explain<T, DB: sqlx::Database>(
 /// bind NULL, which matches no row.
 pub(crate) fn fence_param(fencing_token: Option<u64>) -> Option<i64> {
     fencing_token.and_then(|t| i64::try_from(t).ok())
-}
-
-/// A valid ttl (10 ms ..= 24 h, whole ms) as integer milliseconds.
-pub(crate) fn ttl_ms(ttl: Duration) -> Result<i64, Error> {
-    validate::ttl(ttl)?;
-    // At most 86_400_000, so the conversion cannot fail.
-    Ok(i64::try_from(ttl.as_millis()).expect("BUG: a valid ttl fits in i64 milliseconds"))
 }
 
 /// Which of `leases` a batched renewal renewed, from the `(name, fence)`
@@ -736,34 +715,6 @@ mod tests {
                 "{bad}"
             );
         }
-    }
-
-    #[test]
-    fn inputs_are_checked() {
-        let ms = |ms| Duration::from_millis(ms);
-        assert_eq!(check("n", "h", ms(10)).ok(), Some(10));
-        assert_eq!(check("n", "h", ms(86_400_000)).ok(), Some(86_400_000));
-        assert!(matches!(
-            check("n", "h", ms(9)),
-            Err(Error::InvalidTtl { .. })
-        ));
-        assert!(matches!(
-            check("n", "h", Duration::MAX),
-            Err(Error::InvalidTtl { .. })
-        ));
-        assert!(matches!(
-            check("", "h", ms(10)),
-            Err(Error::InvalidName { len: 0 })
-        ));
-        assert!(matches!(
-            check(&"x".repeat(256), "h", ms(10)),
-            Err(Error::InvalidName { .. })
-        ));
-        assert!(matches!(
-            check_no_ttl("n", ""),
-            Err(Error::InvalidHolder { len: 0 })
-        ));
-        assert!(check_no_ttl(&"x".repeat(255), &"y".repeat(255)).is_ok());
     }
 
     /// The DDL of `ensure_schema` is the file in `migrations/`.

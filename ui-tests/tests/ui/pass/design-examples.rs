@@ -1,5 +1,7 @@
-//! The two examples of the contract (MACRO.md), with stand-ins for the pool
-//! and the error types.
+//! The two signature shapes `#[singleton]` was designed around: a free fn
+//! on the global default lease (the README's first example) and a method
+//! with its own lease, a token and `min_hold`; stand-ins for the pool and
+//! the error types.
 
 use lease::singleton;
 
