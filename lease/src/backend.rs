@@ -188,6 +188,82 @@ pub trait Backend: Send + Sync + 'static {
                 .collect()
         }
     }
+
+    /// What the backend knows about `name`: `Ok(None)` if it has no record
+    /// of it at all.
+    ///
+    /// The default answers [`Error::Unsupported`]; backends that can tell
+    /// who holds a lease override it. Used for
+    /// [`Leadership::Following`](crate::Leadership::Following) and by
+    /// operators.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], or the backend's error when it cannot be asked.
+    fn inspect(&self, name: &str) -> impl Future<Output = Result<Option<LeaseInfo>, Error>> + Send {
+        let _ = name;
+        async {
+            Err(Error::Unsupported {
+                operation: "inspect",
+            })
+        }
+    }
+
+    /// A hint for a waiter ([`Lease::acquire`](crate::Lease::acquire),
+    /// elections): resolves when `name` may have been released, and after
+    /// `poll` at the latest. A waiter never trusts it — it tries to acquire
+    /// — so a spurious wake-up costs one attempt, and a missed one costs at
+    /// most `poll`.
+    ///
+    /// The default simply waits `poll` (polling). A backend whose server can
+    /// push releases (PostgreSQL `NOTIFY`, Redis `PUBLISH`) overrides it to
+    /// resolve about one round trip after a release. An override must
+    /// register its interest when it is *called*, not when the future is
+    /// first polled: the engine calls it before each attempt and awaits it
+    /// after a failed one, so that a release in between is not missed.
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let _ = name;
+        tokio::time::sleep(poll)
+    }
+}
+
+/// What a backend knows about a lease ([`Backend::inspect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseInfo {
+    /// The lease's name.
+    pub name: String,
+    /// Who holds it, or held it last (a record that expired or was released
+    /// keeps its last holder).
+    pub holder: String,
+    /// How long it stays held, by the backend's clock; `None` when the
+    /// record exists but has expired or been released (or the backend has
+    /// no expiry to tell).
+    pub expires_in: Option<Duration>,
+    /// The fencing token of its last acquisition, if the backend has them.
+    pub fencing_token: Option<u64>,
+}
+
+impl LeaseInfo {
+    /// Information about `name`.
+    pub fn new(
+        name: impl Into<String>,
+        holder: impl Into<String>,
+        expires_in: Option<Duration>,
+        fencing_token: Option<u64>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            holder: holder.into(),
+            expires_in,
+            fencing_token,
+        }
+    }
+
+    /// Someone holds the lease now (it has not expired or been released).
+    pub fn is_held(&self) -> bool {
+        self.expires_in.is_some()
+    }
 }
 
 /// The most leases the engine passes to one [`Backend::renew_many`] call; a
@@ -291,6 +367,14 @@ impl<B: Backend> Backend for Arc<B> {
     ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
         B::renew_many(self, leases)
     }
+
+    fn inspect(&self, name: &str) -> impl Future<Output = Result<Option<LeaseInfo>, Error>> + Send {
+        B::inspect(self, name)
+    }
+
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        B::released(self, name, poll)
+    }
 }
 
 /// Object-safe mirror of [`Backend`], so that [`Lease`](crate::Lease) need not be generic.
@@ -311,6 +395,8 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         &'a self,
         leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
+    fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LeaseInfo>, Error>>;
+    fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -340,5 +426,13 @@ impl<B: Backend> DynBackend for B {
         leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>> {
         Box::pin(Backend::renew_many(self, leases))
+    }
+
+    fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LeaseInfo>, Error>> {
+        Box::pin(Backend::inspect(self, name))
+    }
+
+    fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()> {
+        Box::pin(Backend::released(self, name, poll))
     }
 }

@@ -50,6 +50,14 @@ pub(crate) use crate::backend::MAX_BATCH;
 use scheduler::{Scheduler, Watch};
 use timing::{Deadline, Stamp, acquire_timeout, release_timeout, renew_period};
 
+/// How long a waiter waits between attempts, jittered (see [`timing::wait_poll`]).
+pub(crate) fn wait_poll(ttl: Duration) -> Duration {
+    use std::hash::{BuildHasher, RandomState};
+    // `RandomState` is seeded anew per instance: enough jitter for waiters.
+    let spread = RandomState::new().hash_one(ttl) as f64 / u64::MAX as f64;
+    timing::wait_poll(ttl, spread)
+}
+
 /// A lease held through one [`Lease`](crate::Lease): shared by its guard and
 /// the scheduler.
 #[derive(Debug)]
@@ -166,6 +174,8 @@ pub(crate) struct Engine {
     /// Wakes the scheduler (a new lease due before its planned wake-up, a
     /// kept time limit, a `min_hold`).
     wake: Notify,
+    /// Wakes waiters of this `Lease` ([`Engine::freed`]) when a release frees a name.
+    freed: Notify,
 }
 
 impl std::fmt::Debug for Engine {
@@ -189,6 +199,7 @@ impl Engine {
             holder,
             names: Mutex::new(Names::default()),
             wake: Notify::new(),
+            freed: Notify::new(),
         }
     }
 
@@ -196,9 +207,13 @@ impl Engine {
         lock(&self.names)
     }
 
-    /// The claim of `name`, whose drop frees it.
+    /// The claim of a name being released, whose drop frees it and wakes
+    /// this `Lease`'s waiters.
     fn claim(self: &Arc<Self>, name: Arc<str>) -> Claim {
-        DropGuard::new((self.clone(), name), |(engine, name)| engine.forget(&name))
+        DropGuard::new((self.clone(), name), |(engine, name)| {
+            engine.forget(&name);
+            engine.freed.notify_waiters();
+        })
     }
 
     /// Claim `name` within this `Lease` for an acquisition; `None` if this
@@ -211,7 +226,12 @@ impl Engine {
         let name: Arc<str> = name.into();
         names.slots.insert(name.clone(), Slot::Busy);
         drop(names);
-        Some(self.claim(name))
+        // An acquisition that got nothing frees the name without waking
+        // waiters: nothing was released (a waiter's own failed attempt must
+        // not wake it).
+        Some(DropGuard::new((self.clone(), name), |(engine, name)| {
+            engine.forget(&name);
+        }))
     }
 
     /// Acquire the reserved name through the backend, within its time limit.
@@ -321,6 +341,22 @@ impl Engine {
         let mut names = self.names();
         if matches!(names.slots.get(name), Some(Slot::Busy)) {
             names.slots.remove(name);
+        }
+    }
+
+    /// Resolves when this `Lease` next frees a name (any name), or when the
+    /// backend says `name` may have been released, or after `poll`: what a
+    /// waiter waits for between two attempts. Registers at the call, so a
+    /// release between this call and the await is not missed.
+    pub(crate) fn freed(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + '_ {
+        let mut local = Box::pin(self.freed.notified());
+        local.as_mut().enable();
+        let remote = self.backend.released(name, poll);
+        async move {
+            tokio::select! {
+                () = local => {}
+                () = remote => {}
+            }
         }
     }
 

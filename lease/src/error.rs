@@ -110,6 +110,22 @@ pub enum Error {
     #[error("backend protocol violation: {0}")]
     Protocol(String),
 
+    /// The backend cannot do this (for example [`Backend::inspect`] on a
+    /// backend that cannot tell who holds a lease).
+    ///
+    /// [`Backend::inspect`]: crate::Backend::inspect
+    #[error("{operation} is not supported by this backend")]
+    Unsupported {
+        /// The operation asked for (`"inspect"`, ...).
+        operation: &'static str,
+    },
+
+    /// The [`Lease`](crate::Lease) was shut down
+    /// ([`Lease::shutdown`](crate::Lease::shutdown)); it acquires nothing
+    /// any more.
+    #[error("the lease client was shut down")]
+    ShutDown,
+
     /// A failure of a third-party [`Backend`](crate::Backend).
     #[error("backend error")]
     Backend(#[source] Box<dyn std::error::Error + Send + Sync + 'static>),

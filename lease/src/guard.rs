@@ -52,7 +52,7 @@ impl LeaseGuard {
         &self.held.0
     }
 
-    fn entry(&self) -> &Arc<Entry> {
+    pub(crate) fn entry(&self) -> &Arc<Entry> {
         &self.held.1
     }
 

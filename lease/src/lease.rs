@@ -220,6 +220,107 @@ impl Lease {
         Outcome::Ran(value)
     }
 
+    /// What a waiter for `name` waits for between two attempts: a release
+    /// in this `Lease`, one the backend reports, or a poll interval.
+    /// Registers at the call.
+    pub(crate) fn waiter(&self, name: &str, ttl: Duration) -> impl Future<Output = ()> + Send + '_ {
+        self.engine.freed(name, crate::engine::wait_poll(ttl))
+    }
+
+    /// What the backend knows about `name` ([`Backend::inspect`]).
+    pub(crate) async fn inspect(&self, name: &str) -> Result<Option<crate::LeaseInfo>, Error> {
+        self.engine.backend.inspect(name).await
+    }
+
+    /// Acquire the lease `name` for `ttl`, waiting up to `wait` for another
+    /// holder to let it go.
+    ///
+    /// `Ok(Some(guard))` as soon as the lease is ours (as
+    /// [`try_acquire`](Lease::try_acquire)); `Ok(None)` if another holder
+    /// (or this `Lease`) still has it when `wait` is over.
+    ///
+    /// Between attempts it waits for the backend to report a release —
+    /// about one round trip after it happens on backends whose server can
+    /// push it (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`) — or for a
+    /// release within this `Lease`, and otherwise polls: every `ttl/10`
+    /// (between 10 ms and 1 s, with ±20% jitter). A notification is never
+    /// trusted: the waiter tries to acquire. A crashed holder's lease is
+    /// taken about one poll after it expires. A zero `wait` is one attempt,
+    /// like `try_acquire`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease::{backend::Memory, Lease};
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() -> Result<(), lease::Error> {
+    /// let db = Memory::new();
+    /// let (a, b) = (Lease::with_holder(db.clone(), "a"), Lease::with_holder(db, "b"));
+    /// let ttl = Duration::from_secs(30);
+    /// let held = a.try_acquire("compactor", ttl).await?.expect("free");
+    /// tokio::spawn(async move {
+    ///     tokio::time::sleep(Duration::from_secs(2)).await;
+    ///     held.release().await
+    /// });
+    /// // b waits for a's release instead of skipping.
+    /// let guard = b.acquire("compactor", ttl, Duration::from_secs(10)).await?;
+    /// assert!(guard.is_some());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Invalid input, [`Error::NoRuntime`] and [`Error::ShutDown`] at once.
+    /// A backend error is retried within `wait`; if no attempt got an
+    /// answer, the last error is returned when `wait` is over.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`try_acquire`](Lease::try_acquire): a dropped wait leaves no
+    /// lease behind in this `Lease` (a request that already reached the
+    /// backend may have taken it; it then ends at its ttl).
+    pub async fn acquire(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<LeaseGuard>, Error> {
+        let until = tokio::time::Instant::now() + wait.min(crate::MAX_TTL);
+        // The last error, unless some attempt got an answer ("held").
+        let mut error: Option<Error> = None;
+        let mut answered = false;
+        loop {
+            // Registered before the attempt: a release right after a failed
+            // attempt still wakes us.
+            let freed = self.waiter(name, ttl);
+            match self.try_acquire(name, ttl).await {
+                Ok(Some(guard)) => return Ok(Some(guard)),
+                Ok(None) => answered = true,
+                Err(e)
+                    if e.is_invalid_input() || matches!(e, Error::NoRuntime | Error::ShutDown) =>
+                {
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::debug!(lease.name = name, holder = self.holder(), error = %e.chain(), "acquire failed; retrying within the wait");
+                    error = Some(e);
+                }
+            }
+            if tokio::time::Instant::now() >= until {
+                return match error {
+                    Some(e) if !answered => Err(e),
+                    _ => Ok(None),
+                };
+            }
+            tokio::select! {
+                () = freed => {}
+                () = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
     /// Acquire the lease `name` for `ttl` if it is free now; never waits for
     /// another holder.
     ///

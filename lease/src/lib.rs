@@ -172,6 +172,7 @@
 
 pub mod backend;
 mod drop_guard;
+mod election;
 mod engine;
 mod error;
 mod global;
@@ -184,10 +185,11 @@ mod skippable;
 mod test_util;
 mod validate;
 
-pub use backend::{Acquisition, Backend, Grant};
+pub use backend::{Acquisition, Backend, Grant, LeaseInfo};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use deadpool_redis;
+pub use election::{Election, Leadership, Term};
 pub use error::{Error, Result};
 pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;

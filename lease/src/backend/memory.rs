@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{Acquisition, Backend, Error, Grant, Result, validate};
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
 /// Leases kept in this process's memory, for tests.
 ///
@@ -126,6 +126,15 @@ impl Backend for Memory {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>> {
+        validate::name(name)?;
+        let now = Instant::now();
+        Ok(self.rows().get(name).map(|row| {
+            let expires_in = row.live(now).then(|| row.expires_at - now);
+            LeaseInfo::new(name, row.holder.clone(), expires_in, Some(row.fence))
+        }))
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {

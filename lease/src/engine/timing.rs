@@ -58,6 +58,15 @@ pub(crate) fn retry_delay(ttl: Duration, failures: u32) -> Duration {
         .max(Duration::from_millis(1))
 }
 
+/// How long a waiter waits between attempts when the backend cannot tell it
+/// of a release: `ttl/10`, between 10 ms and 1 s, plus or minus a fifth at
+/// random (`spread` in `0.0..1.0`) so that waiters do not ask in lockstep.
+/// A crashed holder's lease is taken about this long after it expires.
+pub(crate) fn wait_poll(ttl: Duration, spread: f64) -> Duration {
+    let base = (ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    base.mul_f64(0.8 + 0.4 * spread.clamp(0.0, 1.0))
+}
+
 /// An instant by both clocks: when a request was sent, or "now".
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stamp {
@@ -155,6 +164,16 @@ mod tests {
         assert_eq!(retry_delay(ms(10), 1), ms(1));
         assert_eq!(retry_delay(Duration::from_secs(86_400), 1), ms(500));
         assert_eq!(retry_delay(ttl, u32::MAX), ms(500));
+    }
+
+    #[test]
+    fn waiters_poll_a_tenth_of_the_ttl_within_bounds_with_jitter() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(wait_poll(ttl, 0.5), ms(300));
+        assert_eq!(wait_poll(ttl, 0.0), ms(240));
+        assert_eq!(wait_poll(ttl, 1.0), ms(360));
+        assert_eq!(wait_poll(ms(10), 0.5), ms(10));
+        assert_eq!(wait_poll(Duration::from_secs(90), 0.5), ms(1000));
     }
 
     #[tokio::test(start_paused = true)]
