@@ -1,17 +1,32 @@
-//! The conformance suite: every property, written once, run against every backend.
+//! The conformance suite: every property of a backend, written once, run
+//! against every backend.
 //!
-//! Each property is a generic `async fn` over a [`Subject`] (a backend plus the
-//! few test-only powers the suite needs, such as rewriting a lease behind the
-//! holder's back). The `conformance!` macro at the bottom instantiates every
-//! property as a `#[tokio::test]` for each backend, so a new backend gets every
-//! check by adding one `conformance!` line and a `Subject` impl.
+//! Each property is a generic `async fn` over a [`Subject`] (a backend plus
+//! the few test-only powers the suite needs, such as rewriting a lease behind
+//! the holder's back). The `conformance!` macro at the bottom instantiates
+//! each property as a `#[tokio::test]` per backend, `<backend>::<property>`,
+//! so a new backend gets every check by adding one `conformance!` line and a
+//! `Subject` impl.
 //!
-//! Where a backend's guarantee differs from the table backends' (see
-//! [`Caps`]), the property states the difference and asserts what that backend
-//! actually does instead of skipping. Today that is `PgAdvisory`: it has no
-//! fencing token, and no server-side expiry — a lock that nobody renews stays
-//! held for as long as its holder's session lives, and is taken over once
-//! that session ends (see [`lapse`]).
+//! Backends differ in a few ways, and each difference is a capability:
+//!
+//! - **Fencing and expiry** ([`Caps`]). The `every` group of properties
+//!   runs on every backend; where a backend lacks one of these, the property
+//!   asserts what that backend does instead rather than skipping. Today that is `PgAdvisory`:
+//!   it has no fencing token, and no server-side expiry — a lock that nobody
+//!   renews stays held for as long as its holder's session lives, and is
+//!   taken over once that session ends ([`Subject::end_session`], used by
+//!   [`lapse`]).
+//! - **Tables** ([`TableBackend`]: `with_table`, `ensure_schema`, input
+//!   checks on direct calls). The `tables` group of properties needs them,
+//!   and the macro instantiates it for the table backends only.
+//! - **Thousands of leases at once.** The `many_leases` group holds more
+//!   leases than one batched statement takes; the macro leaves it out for
+//!   `PgAdvisory`, which holds one pool connection per lease.
+//!
+//! What only one backend or server does (SQLite's busy handling, MySQL's
+//! lock wait timeouts, rows as stored) is checked in `sql_backends.rs` and
+//! `lock_backends.rs`.
 
 // The properties are test code called by the generated `#[tokio::test]`s,
 // which `allow-unwrap-in-tests` (clippy.toml) does not see as tests.
@@ -33,7 +48,10 @@ use tokio::time::{Instant, sleep, timeout};
 /// How a backend's guarantees differ from the table backends'.
 #[derive(Debug, Clone, Copy)]
 struct Caps {
-    /// Acquisitions carry an increasing fencing token.
+    /// Acquisitions carry a fencing token: 1 for the first acquisition of a
+    /// name, one more for each later one, unchanged by an idempotent
+    /// re-acquire. When false (`PgAdvisory`), every token is `None`, and
+    /// renew and release match name and holder only.
     fencing: bool,
     /// The server expires a lease that is not renewed within its ttl. When
     /// false (`PgAdvisory`), a lease lives as long as its holder's session
@@ -60,10 +78,6 @@ trait Subject: Send + Sync + 'static {
     /// larger fence, as an operator or a buggy peer rewriting the row would.
     fn steal(&self, name: &str, thief: &str) -> impl Future<Output = ()> + Send;
 
-    /// For table backends: `with_table` of the backend, as `Some(result)`;
-    /// `None` for backends without tables.
-    fn with_table(&self, table: &str) -> Option<Result<Self::B, Error>>;
-
     /// For backends without expiry: end the session of whoever holds `name`
     /// (as a crash or `pg_terminate_backend` would), and return once the
     /// server has freed the name.
@@ -72,6 +86,41 @@ trait Subject: Send + Sync + 'static {
         async { panic!("only a backend without expiry has sessions to end") }
     }
 }
+
+/// What the `tables` properties need beyond `Backend`: the inherent API of
+/// the table backends.
+trait TableBackend: Backend + Clone + std::fmt::Debug {
+    fn with_table(self, table: &str) -> Result<Self, Error>;
+    fn table(&self) -> &str;
+    fn ensure_schema(&self) -> impl Future<Output = Result<(), Error>> + Send;
+    /// Drops this backend's table (to clean up tables made by a test).
+    fn drop_table(&self) -> impl Future<Output = ()> + Send;
+}
+
+macro_rules! table_backend {
+    ($($t:ty),*) => {$(
+        impl TableBackend for $t {
+            fn with_table(self, table: &str) -> Result<Self, Error> {
+                <$t>::with_table(self, table)
+            }
+            fn table(&self) -> &str {
+                <$t>::table(self)
+            }
+            fn ensure_schema(&self) -> impl Future<Output = Result<(), Error>> + Send {
+                <$t>::ensure_schema(self)
+            }
+            fn drop_table(&self) -> impl Future<Output = ()> + Send {
+                // Test code: the name was validated by `with_table`.
+                let sql = format!("DROP TABLE IF EXISTS {}", self.table());
+                let pool = self.pool().clone();
+                async move {
+                    sqlx::query(AssertSqlSafe(sql)).execute(&pool).await.expect("drop table");
+                }
+            }
+        }
+    )*};
+}
+table_backend!(PgTable, MySqlTable, SqliteTable);
 
 /// The acquisition `grant` was for.
 fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
@@ -82,7 +131,51 @@ fn lease<S: Subject>(s: &S, holder: &str) -> Lease {
     Lease::with_holder(s.backend(), holder)
 }
 
+/// The fencing token of the `n`th acquisition of a name on `s`: `n`, or
+/// `None` without fencing.
+fn fence<S: Subject>(s: &S, n: u64) -> Option<u64> {
+    s.caps().fencing.then_some(n)
+}
+
+/// `b.acquire`: `None` when another holder has the lease, else the fencing
+/// token of the grant.
+async fn acquire(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<Option<u64>> {
+    let grant = b
+        .acquire(name, holder, ttl)
+        .await
+        .unwrap_or_else(|e| panic!("acquire {name:?} for {holder:?}: {e}"));
+    grant.map(|g| g.fencing_token)
+}
+
+/// [`acquire`] of a lease that must be free; its fencing token.
+async fn acquired(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<u64> {
+    acquire(b, name, holder, ttl)
+        .await
+        .unwrap_or_else(|| panic!("{holder} could not acquire {name}"))
+}
+
+/// `b.renew` of the acquisition of `name` by `holder` that got `fence`.
+async fn renew(
+    b: &impl Backend,
+    name: &str,
+    holder: &str,
+    fence: Option<u64>,
+    ttl: Duration,
+) -> bool {
+    b.renew(Acquisition::new(name, holder, fence), ttl)
+        .await
+        .expect("renew")
+}
+
+/// `b.release` of the acquisition of `name` by `holder` that got `fence`.
+async fn release(b: &impl Backend, name: &str, holder: &str, fence: Option<u64>) {
+    b.release(Acquisition::new(name, holder, fence))
+        .await
+        .expect("release");
+}
+
 const TTL: Duration = Duration::from_secs(2);
+const LONG: Duration = Duration::from_secs(30);
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -91,12 +184,13 @@ fn ms(n: u64) -> Duration {
 /// Let the lease `holder` has on `name` (acquired with `ttl`, not renewed)
 /// lapse, so that another holder can take it over.
 ///
-/// With expiry: wait out the ttl. Without (`PgAdvisory`): the difference is
-/// that the lease outlives its ttl — after the same wait it is still held
-/// and still renewable by `holder` — and it is the end of the holder's
-/// session that frees it.
+/// With expiry: wait out the ttl, with a wide margin (the server's clock
+/// decides). Without (`PgAdvisory`): the difference is that the lease
+/// outlives its ttl — after the same wait it is still held and still
+/// renewable by `holder` — and it is the end of the holder's session that
+/// frees it.
 async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
-    sleep(ttl + ms(200)).await; // nobody renews
+    sleep(ttl + ms(400)).await; // nobody renews
     if !s.caps().expires {
         let (b, name) = (s.backend(), lease.name);
         assert!(
@@ -114,7 +208,7 @@ async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
     }
 }
 
-// ---------------------------------------------------------------- properties
+// ------------------------------------------------- properties of every backend
 
 async fn exclusive_between_two_holders<S: Subject>(s: &S) {
     let name = unique("exclusive");
@@ -124,6 +218,7 @@ async fn exclusive_between_two_holders<S: Subject>(s: &S) {
         .await
         .unwrap()
         .expect("free lease");
+    assert_eq!(guard.fencing_token(), fence(s, 1));
     assert!(
         b.try_acquire(&name, TTL).await.unwrap().is_none(),
         "b acquired a held lease"
@@ -132,6 +227,15 @@ async fn exclusive_between_two_holders<S: Subject>(s: &S) {
     assert!(
         matches!(skipped, Outcome::Skipped(Skip::HeldElsewhere)),
         "{skipped:?}"
+    );
+    // Asked of the backend directly, whatever the ttl: refused too. The
+    // failed attempts changed nothing: a still holds it, with its fence.
+    let backend = s.backend();
+    assert_eq!(acquire(&backend, &name, "holder-b", LONG).await, None);
+    assert_eq!(acquire(&backend, &name, "holder-b", ms(10)).await, None);
+    assert_eq!(
+        acquire(&backend, &name, "holder-a", TTL).await,
+        Some(fence(s, 1))
     );
     guard.release().await.unwrap();
     let out = b.with_lease(&name, TTL, |_| async { "b ran" }).await;
@@ -146,14 +250,25 @@ async fn idempotent_reacquire_keeps_the_fence<S: Subject>(s: &S) {
         .await
         .unwrap()
         .expect("free");
-    let again = b
-        .acquire(&name, "holder-a", TTL)
-        .await
-        .unwrap()
-        .expect("same holder re-acquires");
-    assert_eq!(first.fencing_token, again.fencing_token);
+    assert_eq!(
+        first.fencing_token,
+        fence(s, 1),
+        "a name's first acquisition"
+    );
+    for _ in 0..2 {
+        let again = b
+            .acquire(&name, "holder-a", TTL)
+            .await
+            .unwrap()
+            .expect("same holder re-acquires");
+        assert_eq!(first.fencing_token, again.fencing_token);
+    }
+    assert!(
+        b.renew(acq(&name, "holder-a", &first), TTL).await.unwrap(),
+        "re-acquires keep the acquisition"
+    );
     assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_none());
-    b.release(acq(&name, "holder-a", &again)).await.unwrap();
+    b.release(acq(&name, "holder-a", &first)).await.unwrap();
     // A Lease with the same holder (say, a restarted process that kept its
     // identity) re-acquires a live lease idempotently too.
     let g = b
@@ -185,17 +300,99 @@ async fn takeover_after_expiry_has_a_larger_fence<S: Subject>(s: &S) {
         .await
         .unwrap()
         .expect("free");
-    assert!(b.acquire(&name, "holder-b", ttl).await.unwrap().is_none());
+    assert!(
+        b.acquire(&name, "holder-b", LONG).await.unwrap().is_none(),
+        "not expired yet"
+    );
     lapse(s, acq(&name, "holder-a", &first), ttl).await;
     let second = b
-        .acquire(&name, "holder-b", TTL)
+        .acquire(&name, "holder-b", LONG)
         .await
         .unwrap()
         .expect("expired lease is free");
+    assert_eq!(second.fencing_token, fence(s, 2));
     if s.caps().fencing {
         assert!(second.fencing_token.unwrap() > first.fencing_token.unwrap());
     }
+    // The old holder lost it: it can neither renew, re-acquire nor release it.
+    assert!(
+        !b.renew(acq(&name, "holder-a", &first), LONG).await.unwrap(),
+        "the old holder lost it"
+    );
+    assert_eq!(acquire(&b, &name, "holder-a", LONG).await, None);
+    b.release(acq(&name, "holder-a", &first)).await.unwrap();
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        Some(fence(s, 2)),
+        "still b's"
+    );
     b.release(acq(&name, "holder-b", &second)).await.unwrap();
+}
+
+async fn release_then_reacquire_increments_fence<S: Subject>(s: &S) {
+    let name = unique("release-reacquire");
+    let b = s.backend();
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 1))
+    );
+    release(&b, &name, "holder-a", fence(s, 1)).await;
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 2)),
+        "a new acquisition"
+    );
+    release(&b, &name, "holder-a", fence(s, 2)).await;
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        Some(fence(s, 3))
+    );
+    release(&b, &name, "holder-b", fence(s, 3)).await;
+    release(&b, &name, "holder-b", fence(s, 3)).await; // twice: a no-op
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 4))
+    );
+}
+
+/// Without expiry (`PgAdvisory`) the lease outlives its ttl anyway (see
+/// [`lapse`]); the renewals must still succeed and keep the acquisition.
+async fn renew_extends_a_live_lease<S: Subject>(s: &S) {
+    let name = unique("renew-extends");
+    let b = s.backend();
+    let ttl = ms(1000);
+    assert_eq!(acquire(&b, &name, "holder-a", ttl).await, Some(fence(s, 1)));
+    sleep(ms(500)).await;
+    assert!(renew(&b, &name, "holder-a", fence(s, 1), ttl).await);
+    // 1.2 s after acquiring: the original expiry has passed, the renewed one not.
+    sleep(ms(700)).await;
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        None,
+        "renewal extended it"
+    );
+    assert!(renew(&b, &name, "holder-a", fence(s, 1), LONG).await);
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 1)),
+        "renewals keep the fence"
+    );
+}
+
+async fn renew_never_inserts<S: Subject>(s: &S) {
+    let name = unique("renew-insert");
+    let b = s.backend();
+    for fence in [None, Some(1)] {
+        let lease = Acquisition::new(&name, "holder-a", fence);
+        assert!(!b.renew(lease, TTL).await.unwrap());
+    }
+    // Had renew inserted a lease, "b" would be refused or get a later fence.
+    let g = b
+        .acquire(&name, "holder-b", TTL)
+        .await
+        .unwrap()
+        .expect("renew must not have created a lease");
+    assert_eq!(g.fencing_token, fence(s, 1));
 }
 
 async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
@@ -231,6 +428,11 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
     let a = acq(&name, "holder-a", &a);
     b.release(a).await.unwrap();
     assert!(!b.renew(a, TTL).await.unwrap(), "renewed a released lease");
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        Some(fence(s, 2)),
+        "released means free"
+    );
 
     let name = unique("renew-expiry");
     let a = b
@@ -240,38 +442,50 @@ async fn renew_fails_after_takeover_release_and_expiry<S: Subject>(s: &S) {
         .expect("free");
     let a = acq(&name, "holder-a", &a);
     lapse(s, a, ttl).await;
-    assert!(!b.renew(a, TTL).await.unwrap(), "renewed an expired lease");
-    // ...and the failed renewals did not bring it back.
-    assert!(b.acquire(&name, "holder-b", TTL).await.unwrap().is_some());
-}
+    assert!(
+        !b.renew(a, TTL).await.unwrap(),
+        "renewed an expired lease: no silent re-acquire after a gap"
+    );
+    // ...and the failed renewal did not bring it back.
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        Some(fence(s, 2)),
+        "the failed renew kept it expired"
+    );
 
-async fn renew_never_inserts<S: Subject>(s: &S) {
-    let name = unique("renew-insert");
-    let b = s.backend();
-    for fence in [None, Some(1)] {
-        let lease = Acquisition::new(&name, "holder-a", fence);
-        assert!(!b.renew(lease, TTL).await.unwrap());
-    }
-    let g = b
-        .acquire(&name, "holder-b", TTL)
-        .await
-        .unwrap()
-        .expect("renew must not have created a lease");
-    if s.caps().fencing {
-        assert_eq!(g.fencing_token, Some(1));
-    }
-}
-
-async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
-    let name = unique("release-other");
-    let b = s.backend();
+    // An expired lease re-acquired by its old holder is a new acquisition.
+    let name = unique("reacquire-expired");
     let a = b
-        .acquire(&name, "holder-a", TTL)
+        .acquire(&name, "holder-a", ttl)
         .await
         .unwrap()
         .expect("free");
+    lapse(s, acq(&name, "holder-a", &a), ttl).await;
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 2))
+    );
+}
+
+/// Renewing or releasing a lease one does not hold — held by another
+/// holder, never acquired, or expired — changes nothing.
+async fn renew_and_release_by_a_non_holder_do_nothing<S: Subject>(s: &S) {
+    let name = unique("non-holder");
+    let b = s.backend();
+    let a = b
+        .acquire(&name, "holder-a", LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    assert_eq!(a.fencing_token, fence(s, 1));
+    // Another holder, with the fence of a's acquisition: only the holder differs.
+    assert!(!b.renew(acq(&name, "holder-b", &a), LONG).await.unwrap());
     b.release(acq(&name, "holder-b", &a)).await.unwrap();
+    // A name nobody ever acquired.
     b.release(Acquisition::new(&unique("never-seen"), "holder-b", Some(1)))
+        .await
+        .unwrap();
+    b.release(Acquisition::new(&unique("never-seen"), "holder-b", None))
         .await
         .unwrap();
     assert!(
@@ -279,6 +493,33 @@ async fn release_by_a_non_holder_is_a_no_op<S: Subject>(s: &S) {
         "a stranger released our lease"
     );
     assert!(b.renew(acq(&name, "holder-a", &a), TTL).await.unwrap());
+    assert_eq!(
+        acquire(&b, &name, "holder-a", LONG).await,
+        Some(fence(s, 1)),
+        "still a's acquisition"
+    );
+
+    // An expired lease: its old holder's release is a no-op too.
+    let name = unique("release-expired");
+    let ttl = ms(300);
+    let a = b
+        .acquire(&name, "holder-a", ttl)
+        .await
+        .unwrap()
+        .expect("free");
+    lapse(s, acq(&name, "holder-a", &a), ttl).await;
+    match b.release(acq(&name, "holder-a", &a)).await {
+        Ok(()) => {}
+        // Without expiry the lease ended with its holder's session, and
+        // `PgAdvisory` unlocks on that session's connection: it reports the
+        // session's end ("terminating connection") as a database error.
+        Err(Error::Database(_)) if !s.caps().expires => {}
+        Err(e) => panic!("release of an expired lease: {e}"),
+    }
+    assert_eq!(
+        acquire(&b, &name, "holder-b", LONG).await,
+        Some(fence(s, 2))
+    );
 }
 
 async fn fences_strictly_increase<S: Subject>(s: &S) {
@@ -308,28 +549,48 @@ async fn fences_strictly_increase<S: Subject>(s: &S) {
 async fn names_are_data<S: Subject>(s: &S) {
     let tag = unique("n");
     let mut names: Vec<String> = [
+        // Quotes, SQL, `LIKE` wildcards, escapes, format braces, key separators.
         "it's",
         "it''s",
         "\"quoted\"",
+        "it's \"quoted\" `x`",
+        "'; drop table task_leases; --",
+        "'); DROP TABLE task_leases; --",
         "100%",
         "100_",
         "1000",
+        "1_0",
+        "10",
+        "%_",
         "a\\b",
         "a\\\\b",
+        "back\\slash",
+        "back\\\\slash",
         "{braces}",
         "{",
         "}x",
+        "{}",
+        "{table}",
         "x:fence",
-        "🦀 crab",
+        // Case, whitespace, Unicode (é, and e + combining acute: another
+        // spelling of é).
         "Case",
         "case",
+        "x",
+        "X",
+        "x ",
+        " x",
         "trailing ",
         "trailing",
-        "%_",
-        "'; drop table task_leases; --",
+        "e",
+        "é",
+        "e\u{301}",
+        "🦀",
+        "🦀🦀",
+        "🦀 crab",
     ]
     .iter()
-    .map(|n| format!("{tag}{n}"))
+    .map(|n| format!("{tag}-{n}"))
     .collect();
     // Exactly 255 bytes, ending in a 4-byte character.
     let mut long = format!("{tag}-");
@@ -339,7 +600,45 @@ async fn names_are_data<S: Subject>(s: &S) {
     long.push('🦀');
     assert_eq!(long.len(), 255);
     names.push(long);
+    // 255 bytes, the same less its last byte, and the same first 253 bytes
+    // followed by a 2-byte character: a server that truncated names would
+    // make them collide.
+    let mut padded = format!("{tag}-");
+    while padded.len() < 255 {
+        padded.push('z');
+    }
+    names.push(padded[..254].to_owned());
+    names.push(format!("{}é", &padded[..253]));
+    names.push(padded);
 
+    // Every name held at once, each by a holder of its own: two names that
+    // collided would refuse one holder, or hand it a later fence.
+    let b = s.backend();
+    let holders: Vec<String> = (0..names.len()).map(|i| format!("holder-{i}")).collect();
+    for (name, holder) in names.iter().zip(&holders) {
+        assert_eq!(
+            acquire(&b, name, holder, LONG).await,
+            Some(fence(s, 1)),
+            "{name:?} is new"
+        );
+    }
+    for (name, holder) in names.iter().zip(&holders) {
+        assert_eq!(acquire(&b, name, "intruder", LONG).await, None, "{name:?}");
+        assert!(renew(&b, name, holder, fence(s, 1), LONG).await, "{name:?}");
+        release(&b, name, holder, fence(s, 1)).await;
+        assert_eq!(
+            acquire(&b, name, holder, LONG).await,
+            Some(fence(s, 2)),
+            "{name:?}"
+        );
+    }
+    // Releasing one name released no other (`%` and `_` are no wildcards).
+    for (name, holder) in names.iter().zip(&holders) {
+        assert!(renew(&b, name, holder, fence(s, 2), LONG).await, "{name:?}");
+        release(&b, name, holder, fence(s, 2)).await;
+    }
+
+    // The same names through `Lease`.
     let a = lease(s, "holder-a");
     let b = lease(s, "holder-b");
     let mut guards = Vec::new();
@@ -348,7 +647,7 @@ async fn names_are_data<S: Subject>(s: &S) {
             .try_acquire(name, TTL)
             .await
             .unwrap_or_else(|e| panic!("{name:?}: {e}"));
-        guards.push(g.unwrap_or_else(|| panic!("{name:?} collided with another name")));
+        guards.push(g.unwrap_or_else(|| panic!("{name:?} was not released")));
     }
     for name in &names {
         assert!(
@@ -368,6 +667,28 @@ async fn names_are_data<S: Subject>(s: &S) {
     }
 }
 
+async fn holders_are_compared_exactly<S: Subject>(s: &S) {
+    let b = s.backend();
+    let name = unique("holders");
+    assert_eq!(acquire(&b, &name, "pod", LONG).await, Some(fence(s, 1)));
+    for other in ["POD", "pod ", " pod", "pöd", "po", "pod\t"] {
+        assert_eq!(acquire(&b, &name, other, LONG).await, None, "{other:?}");
+        assert!(
+            !renew(&b, &name, other, fence(s, 1), LONG).await,
+            "{other:?}"
+        );
+        release(&b, &name, other, fence(s, 1)).await;
+    }
+    assert!(renew(&b, &name, "pod", fence(s, 1), LONG).await);
+    assert_eq!(acquire(&b, &name, "pod", LONG).await, Some(fence(s, 1)));
+    let long = "h".repeat(255);
+    let name = unique("holders-long");
+    assert_eq!(acquire(&b, &name, &long, LONG).await, Some(fence(s, 1)));
+    assert_eq!(acquire(&b, &name, &long[..254], LONG).await, None);
+    assert!(renew(&b, &name, &long, fence(s, 1), LONG).await);
+}
+
+/// Through [`Lease`], which checks its input before calling any backend.
 async fn invalid_input_is_rejected<S: Subject>(s: &S) {
     let a = lease(s, "holder-a");
     assert!(matches!(
@@ -418,21 +739,6 @@ async fn invalid_input_is_rejected<S: Subject>(s: &S) {
     ));
 }
 
-async fn table_names_are_validated<S: Subject>(s: &S) {
-    let Some(bad) = s.with_table("leases; drop table x") else {
-        // Not a table backend: there is no table name to validate.
-        return;
-    };
-    assert!(matches!(bad, Err(Error::InvalidTable { .. })));
-    for bad in ["", "1x", "a.b.c", "\"x\"", "x-y"] {
-        assert!(
-            matches!(s.with_table(bad), Some(Err(Error::InvalidTable { .. }))),
-            "{bad:?}"
-        );
-    }
-    assert!(matches!(s.with_table("my_schema.leases"), Some(Ok(_))));
-}
-
 async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
     let name = unique("contenders");
     let pods: Vec<Lease> = (0..16).map(|i| lease(s, &format!("pod-{i:02}"))).collect();
@@ -459,6 +765,55 @@ async fn one_winner_among_sixteen_contenders<S: Subject>(s: &S) {
         }
         winner.release().await.unwrap();
     }
+}
+
+/// `n` holders race for `name` at once; the grants, one per holder.
+async fn race<B: Backend + Clone>(
+    b: &B,
+    name: &str,
+    n: usize,
+    ttl: Duration,
+) -> Vec<Option<Option<u64>>> {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks = (0..n).map(|i| {
+        let (b, name, barrier) = (b.clone(), name.to_owned(), barrier.clone());
+        tokio::spawn(async move {
+            barrier.wait().await;
+            b.acquire(&name, &format!("racer-{i}"), ttl).await
+        })
+    });
+    join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| {
+            let grant = r
+                .expect("task")
+                .expect("acquire must not fail under contention");
+            grant.map(|g| g.fencing_token)
+        })
+        .collect()
+}
+
+async fn concurrent_acquire_of_a_new_name_has_one_winner<S: Subject>(s: &S) {
+    let b = s.backend();
+    for round in 0..5 {
+        let name = unique("new-name-race");
+        let grants = race(&b, &name, 16, LONG).await;
+        let winners: Vec<_> = grants.iter().flatten().collect();
+        assert_eq!(winners, [&fence(s, 1)], "round {round}: {grants:?}");
+    }
+}
+
+async fn concurrent_takeover_of_an_expired_lease_has_one_winner<S: Subject>(s: &S) {
+    let b = s.backend();
+    let name = unique("takeover-race");
+    let ttl = ms(100);
+    let first = acquired(&b, &name, "first", ttl).await;
+    assert_eq!(first, fence(s, 1));
+    lapse(s, Acquisition::new(&name, "first", first), ttl).await;
+    let grants = race(&b, &name, 16, LONG).await;
+    let winners: Vec<_> = grants.iter().flatten().collect();
+    assert_eq!(winners, [&fence(s, 2)], "{grants:?}");
 }
 
 async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
@@ -558,6 +913,242 @@ async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
     );
 }
 
+/// `Backend::renew_many` with one batch that mixes live, expired, stolen,
+/// released, superseded and never-existing names: which acquisitions are
+/// current and live must come back `true`, in order, and only those must be
+/// extended; nothing is inserted.
+async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
+    let b = s.backend();
+    let holder = unique("holder");
+    let thief = unique("thief");
+    let short = ms(300);
+    let name = |what: &str| unique(&format!("renew-many-{what}"));
+    let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
+    let (expired, stolen, released, never, superseded) = (
+        name("expired"),
+        name("stolen"),
+        name("released"),
+        name("never"),
+        name("superseded"),
+    );
+    let f_live = acquired(&b, &live, &holder, LONG).await;
+    let f_live_short = acquired(&b, &live_short, &holder, short * 2).await;
+    let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
+    let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
+    let f_stolen = acquired(&b, &stolen, &holder, ms(50)).await;
+    let f_released = acquired(&b, &released, &holder, LONG).await;
+    release(&b, &released, &holder, f_released).await;
+    // An older acquisition of a name the same holder holds again.
+    let f_old = acquired(&b, &superseded, &holder, LONG).await;
+    release(&b, &superseded, &holder, f_old).await;
+    let f_new = acquired(&b, &superseded, &holder, LONG).await;
+    sleep(ms(200)).await; // `expired` and `stolen` expire
+    if !s.caps().expires {
+        // No expiry: they end with their sessions instead (see `lapse`).
+        s.end_session(&expired).await;
+        s.end_session(&stolen).await;
+    }
+    acquired(&b, &stolen, &thief, LONG).await;
+
+    let batch = [
+        (Acquisition::new(&live, &holder, f_live), LONG),
+        (Acquisition::new(&expired, &holder, f_expired), LONG),
+        (Acquisition::new(&live_short, &holder, f_live_short), LONG),
+        (Acquisition::new(&stolen, &holder, f_stolen), LONG),
+        (Acquisition::new(&never, &holder, f_live), LONG),
+        (
+            Acquisition::new(&other_ttl, &holder, f_other_ttl),
+            ms(20_000),
+        ),
+        (Acquisition::new(&released, &holder, f_released), LONG),
+        (Acquisition::new(&superseded, &holder, f_old), LONG),
+    ];
+    // Without fencing tokens, an older acquisition of a name its holder
+    // holds again cannot be told from the newer one: name and holder match.
+    let superseded_renewed = !s.caps().fencing;
+    let expected = [
+        true,
+        false,
+        true,
+        false,
+        false,
+        true,
+        false,
+        superseded_renewed,
+    ];
+    let renewed = b.renew_many(&batch).await.unwrap();
+    assert_eq!(renewed, expected);
+    // The newer acquisition is still the current one.
+    assert!(renew(&b, &superseded, &holder, f_new, LONG).await);
+
+    // `live_short` was extended past its first ttl.
+    sleep(short * 2 + ms(200)).await;
+    assert_eq!(
+        acquire(&b, &live_short, &thief, LONG).await,
+        None,
+        "renew_many must have extended the lease"
+    );
+    // Nothing was renewed for the thief or inserted for us.
+    assert_eq!(acquire(&b, &stolen, &holder, LONG).await, None);
+    acquired(&b, &never, &thief, LONG).await;
+    acquired(&b, &expired, &thief, LONG).await;
+    acquired(&b, &released, &thief, LONG).await;
+    // The holder's answers stay per lease on the next batch too.
+    let renewed = b.renew_many(&batch).await.unwrap();
+    assert_eq!(renewed, expected);
+    assert_eq!(b.renew_many(&[]).await.unwrap(), Vec::<bool>::new());
+    // All ours and live (MySQL answers from the matched-row count alone).
+    let all_ours = [
+        (Acquisition::new(&live, &holder, f_live), LONG),
+        (Acquisition::new(&other_ttl, &holder, f_other_ttl), LONG),
+    ];
+    assert_eq!(b.renew_many(&all_ours).await.unwrap(), [true, true]);
+}
+
+// ------------------------------------------ properties of many leases at once
+
+/// `Backend::renew_many` with more leases than one statement (or script)
+/// takes: 2,345 leases, every seventh taken over by another holder, every
+/// eleventh never acquired.
+async fn a_batch_larger_than_a_chunk<S: Subject>(s: &S) {
+    let b = s.backend();
+    let holder = unique("holder");
+    let thief = unique("thief");
+    let prefix = unique("renew-many-big");
+    let names: Vec<String> = (0..2345).map(|i| format!("{prefix}-{i}")).collect();
+    let expected: Vec<bool> = (0..names.len())
+        .map(|i| i % 7 != 3 && i % 11 != 5)
+        .collect();
+    let fences = join_all(names.iter().enumerate().map(|(i, name)| {
+        let (b, holder, thief) = (&b, &holder, &thief);
+        async move {
+            if i % 11 == 5 {
+                return Some(1);
+            }
+            if i % 7 == 3 {
+                acquired(b, name, thief, LONG).await
+            } else {
+                acquired(b, name, holder, LONG).await
+            }
+        }
+    }))
+    .await;
+    let batch: Vec<(Acquisition<'_>, Duration)> = names
+        .iter()
+        .zip(fences)
+        .map(|(n, f)| (Acquisition::new(n, &holder, f), LONG))
+        .collect();
+    let renewed = b.renew_many(&batch).await.unwrap();
+    assert_eq!(renewed.len(), names.len());
+    let wrong: Vec<usize> = (0..names.len())
+        .filter(|&i| renewed[i] != expected[i])
+        .collect();
+    assert!(wrong.is_empty(), "wrong answers at {wrong:?}");
+}
+
+// ------------------------------------------- properties of the table backends
+
+async fn table_names_are_validated<S: Subject>(s: &S)
+where
+    S::B: TableBackend,
+{
+    let b = s.backend();
+    assert_eq!(b.table(), "task_leases", "the default table");
+    for bad in [
+        "leases; drop table x",
+        "task_leases -- x",
+        "",
+        "1x",
+        "a.b.c",
+        "x-y",
+        "`x`",
+        "\"x\"",
+    ] {
+        let e = b.clone().with_table(bad).expect_err(bad);
+        assert!(
+            matches!(e, Error::InvalidTable { ref table } if table == bad),
+            "{bad:?}: {e:?}"
+        );
+    }
+    let qualified = b
+        .clone()
+        .with_table("my_schema.leases")
+        .expect("schema-qualified");
+    assert_eq!(qualified.table(), "my_schema.leases");
+}
+
+/// The table backends check their input on direct calls too (not only
+/// through [`Lease`]): an over-long name must never be truncated by a
+/// lenient server into another name, nor a huge ttl overflow the SQL.
+async fn backend_calls_reject_invalid_input<S: Subject>(s: &S)
+where
+    S::B: TableBackend,
+{
+    let b = s.backend();
+    let name = unique("direct-input");
+    for ttl in [
+        Duration::ZERO,
+        ms(9),
+        Duration::from_micros(10_500),
+        Duration::MAX,
+    ] {
+        let e = b.acquire(&name, "a", ttl).await.expect_err("bad ttl");
+        assert!(matches!(e, Error::InvalidTtl { .. }), "{ttl:?}: {e:?}");
+        let e = b
+            .renew(Acquisition::new(&name, "a", None), ttl)
+            .await
+            .expect_err("bad ttl");
+        assert!(matches!(e, Error::InvalidTtl { .. }), "{ttl:?}: {e:?}");
+    }
+    let long = "n".repeat(256);
+    let e = b.acquire(&long, "a", LONG).await.expect_err("long name");
+    assert!(matches!(e, Error::InvalidName { len: 256 }), "{e:?}");
+    let e = b.acquire("", "a", LONG).await.expect_err("empty name");
+    assert!(matches!(e, Error::InvalidName { len: 0 }), "{e:?}");
+    let e = b
+        .release(Acquisition::new(&name, "", None))
+        .await
+        .expect_err("empty holder");
+    assert!(matches!(e, Error::InvalidHolder { len: 0 }), "{e:?}");
+    // Nothing was stored along the way.
+    assert_eq!(acquire(&b, &name, "a", LONG).await, Some(Some(1)));
+    // The bounds themselves are fine (the 10 ms lease may be over by now).
+    assert!(renew(&b, &name, "a", Some(1), Duration::from_secs(86_400)).await);
+    assert!(renew(&b, &name, "a", Some(1), ms(10)).await);
+}
+
+async fn ensure_schema_twice_and_concurrently<S: Subject>(s: &S)
+where
+    S::B: TableBackend,
+{
+    let b = s.backend();
+    b.ensure_schema().await.expect("default table, again");
+    b.ensure_schema().await.expect("default table, again");
+    // A table that does not exist yet, created by 8 tasks at once.
+    let fresh = b
+        .clone()
+        .with_table(&unique("ensure").replace('-', "_"))
+        .expect("valid");
+    let results = join_all((0..8).map(|_| {
+        let t = fresh.clone();
+        tokio::spawn(async move { t.ensure_schema().await })
+    }))
+    .await;
+    for r in results {
+        r.expect("task").expect("concurrent ensure_schema");
+    }
+    fresh.ensure_schema().await.expect("again");
+    let name = unique("ensure-schema");
+    assert_eq!(acquire(&fresh, &name, "a", LONG).await, Some(Some(1)));
+    assert_eq!(acquire(&fresh, &name, "b", LONG).await, None);
+    assert_eq!(
+        acquire(&b, &name, "b", LONG).await,
+        Some(Some(1)),
+        "another table"
+    );
+    fresh.drop_table().await;
+}
+
 // ---------------------------------------------------------------- subjects
 
 struct MemorySubject(Memory);
@@ -577,10 +1168,6 @@ impl Subject for MemorySubject {
             .unwrap()
             .expect("expired");
     }
-
-    fn with_table(&self, _table: &str) -> Option<Result<Memory, Error>> {
-        None
-    }
 }
 
 async fn memory() -> Option<MemorySubject> {
@@ -598,12 +1185,12 @@ struct TableSubject<B> {
     _file: Option<TempDb>,
 }
 
-impl<B: Backend + Clone> TableSubject<B> {
-    fn new(backend: B, table: &str, steal_template: &str, file: Option<TempDb>) -> Self {
+impl<B: TableBackend> TableSubject<B> {
+    fn new(backend: B, steal_template: &str, file: Option<TempDb>) -> Self {
         let thief_first = !steal_template.contains("$1") && !steal_template.contains("?1");
         Self {
+            steal_sql: steal_template.replace("{table}", backend.table()),
             backend,
-            steal_sql: steal_template.replace("{table}", table),
             thief_first,
             _file: file,
         }
@@ -633,10 +1220,6 @@ macro_rules! table_subject {
                     .expect("steal");
                 assert_eq!(done.rows_affected(), 1, "no row to steal");
             }
-
-            fn with_table(&self, table: &str) -> Option<Result<$backend, Error>> {
-                Some(self.backend.clone().with_table(table))
-            }
         }
     };
 }
@@ -652,12 +1235,7 @@ async fn sqlite() -> Option<TableSubject<SqliteTable>> {
     let steal = "UPDATE {table} SET holder = ?2, fence = fence + 1, \
                  expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 60000 \
                  WHERE name = ?1";
-    Some(TableSubject::new(
-        table.clone(),
-        table.table(),
-        steal,
-        Some(file),
-    ))
+    Some(TableSubject::new(table, steal, Some(file)))
 }
 
 async fn postgres() -> Option<TableSubject<PgTable>> {
@@ -665,7 +1243,7 @@ async fn postgres() -> Option<TableSubject<PgTable>> {
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET holder = $2, fence = fence + 1, \
                  expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1";
-    Some(TableSubject::new(table.clone(), table.table(), steal, None))
+    Some(TableSubject::new(table, steal, None))
 }
 
 async fn mysql() -> Option<TableSubject<MySqlTable>> {
@@ -673,7 +1251,7 @@ async fn mysql() -> Option<TableSubject<MySqlTable>> {
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET fence = fence + 1, holder = ?, \
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = ?";
-    Some(TableSubject::new(table.clone(), table.table(), steal, None))
+    Some(TableSubject::new(table, steal, None))
 }
 
 /// `PgAdvisory`: no fencing token and no expiry (see [`Caps`]). The only way
@@ -724,10 +1302,6 @@ impl Subject for PgAdvisorySubject {
             .expect("free once its session ended");
     }
 
-    fn with_table(&self, _table: &str) -> Option<Result<PgAdvisory, Error>> {
-        None
-    }
-
     async fn end_session(&self, name: &str) {
         let pids = self.holders(name).await;
         assert!(!pids.is_empty(), "nobody holds {name:?}");
@@ -751,8 +1325,9 @@ impl Subject for PgAdvisorySubject {
 
 async fn pg_advisory() -> Option<PgAdvisorySubject> {
     let admin = lease_tests::postgres().await?;
-    // One connection per held lock: room for 16 contenders and `names_are_data`.
-    let pool = lease_tests::postgres_with(PgPoolOptions::new().max_connections(40)).await?;
+    // One connection per held lock: room for 16 contenders, and for the 40
+    // names `names_are_data` holds at once plus an intruder's attempt.
+    let pool = lease_tests::postgres_with(PgPoolOptions::new().max_connections(45)).await?;
     Some(PgAdvisorySubject {
         backend: PgAdvisory::new(pool),
         admin,
@@ -789,10 +1364,6 @@ impl Subject for RedisSubject {
             .await
             .expect("steal");
     }
-
-    fn with_table(&self, _table: &str) -> Option<Result<Redis, Error>> {
-        None
-    }
 }
 
 async fn redis() -> Option<RedisSubject> {
@@ -805,44 +1376,68 @@ async fn redis() -> Option<RedisSubject> {
 
 // ---------------------------------------------------------------- the matrix
 
+/// `conformance!(module, subject, [groups])`: a module of `#[tokio::test]`s,
+/// one per property of each group, each calling `property(&subject)`.
+/// Groups: `every` (every backend), `many_leases` (thousands of leases held
+/// at once), `tables` (needs [`TableBackend`]).
 macro_rules! conformance {
-    ($backend:ident, $subject:expr, [$($property:ident),* $(,)?]) => {
+    ($backend:ident, $subject:expr, [$($group:ident),+ $(,)?]) => {
         mod $backend {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $property() {
-                    lease_tests::init_tracing();
-                    if let Some(subject) = $subject.await {
-                        super::$property(&subject).await;
-                    }
-                }
-            )*
+            $(conformance!(@$group $subject);)+
         }
     };
-    ($backend:ident, $subject:expr) => {
-        conformance!($backend, $subject, [
+    (@every $subject:expr) => {
+        conformance!(@tests $subject, [
             exclusive_between_two_holders,
             idempotent_reacquire_keeps_the_fence,
             takeover_after_expiry_has_a_larger_fence,
-            renew_fails_after_takeover_release_and_expiry,
+            release_then_reacquire_increments_fence,
+            renew_extends_a_live_lease,
             renew_never_inserts,
-            release_by_a_non_holder_is_a_no_op,
+            renew_fails_after_takeover_release_and_expiry,
+            renew_and_release_by_a_non_holder_do_nothing,
             fences_strictly_increase,
             names_are_data,
+            holders_are_compared_exactly,
             invalid_input_is_rejected,
-            table_names_are_validated,
             one_winner_among_sixteen_contenders,
+            concurrent_acquire_of_a_new_name_has_one_winner,
+            concurrent_takeover_of_an_expired_lease_has_one_winner,
             one_runner_among_sixteen_with_lease,
             a_stolen_lease_cancels_the_token,
             a_dropped_guard_frees_the_lease,
             a_held_lease_is_renewed_past_its_ttl,
+            each_lease_learns_its_own_fate,
         ]);
+    };
+    (@many_leases $subject:expr) => {
+        conformance!(@tests $subject, [a_batch_larger_than_a_chunk]);
+    };
+    (@tables $subject:expr) => {
+        conformance!(@tests $subject, [
+            table_names_are_validated,
+            backend_calls_reject_invalid_input,
+            ensure_schema_twice_and_concurrently,
+        ]);
+    };
+    (@tests $subject:expr, [$($property:ident),* $(,)?]) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $property() {
+                lease_tests::init_tracing();
+                if let Some(subject) = $subject.await {
+                    super::$property(&subject).await;
+                }
+            }
+        )*
     };
 }
 
-conformance!(memory, super::memory());
-conformance!(sqlite, super::sqlite());
-conformance!(postgres, super::postgres());
-conformance!(mysql, super::mysql());
-conformance!(pg_advisory, super::pg_advisory());
-conformance!(redis, super::redis());
+conformance!(memory, super::memory(), [every, many_leases]);
+conformance!(sqlite, super::sqlite(), [every, many_leases, tables]);
+conformance!(postgres, super::postgres(), [every, many_leases, tables]);
+conformance!(mysql, super::mysql(), [every, many_leases, tables]);
+// No `many_leases`: PgAdvisory holds one pool connection (one server
+// session) per lease, so thousands of leases at once are not what it is for.
+conformance!(pg_advisory, super::pg_advisory(), [every]);
+conformance!(redis, super::redis(), [every, many_leases]);

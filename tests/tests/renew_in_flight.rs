@@ -42,7 +42,7 @@
 //! transaction). `the_copied_release_is_the_backends` checks that the copy
 //! and the backend's own `release` leave the same row.
 //!
-//! This is its own file rather than a property in `sql_backends.rs`: it
+//! This is its own file rather than a property in `conformance.rs`: it
 //! needs a per-backend second session, lock probe and statement text, where
 //! the properties there only call the `Backend` trait.
 

@@ -1,19 +1,18 @@
 //! `#[singleton]` fns called for real: what a user of the macro sees.
 //!
-//! `Lease`s with different holders on one store play the pods (replicas) of
-//! a service. The pods and the lost-lease tests run on a real SQLite file
-//! (`SqliteTable`); the others on `Memory`, some under tokio's paused clock.
-//! Every test uses lease names (or a file) of its own.
+//! `Lease`s with different holders on one `Memory` play the pods (replicas)
+//! of a service, some under tokio's paused clock. Every test uses lease
+//! names of its own. The two tests that need a real store (two pods on one
+//! SQLite file, a lease stolen with SQL) are in the `lease-tests` crate,
+//! `tests/tests/singleton_sqlite.rs`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lease::backend::{Memory, SqliteTable};
+use lease::backend::Memory;
 use lease::{Acquisition, Backend, Error, Grant, Lease, singleton};
-use lease_tests::TempDb;
-use tokio::sync::Notify;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
 /// Two pods sharing one in-memory store.
 fn pods() -> (Memory, Lease, Lease) {
@@ -21,51 +20,6 @@ fn pods() -> (Memory, Lease, Lease) {
     let a = Lease::with_holder(db.clone(), "pod-a");
     let b = Lease::with_holder(db.clone(), "pod-b");
     (db, a, b)
-}
-
-/// Two pods sharing a fresh SQLite file (deleted when the `TempDb` drops).
-async fn sqlite_pods() -> (TempDb, SqliteTable, Lease, Lease) {
-    let file = TempDb::new("singleton");
-    let table = SqliteTable::open(file.path())
-        .await
-        .expect("open sqlite file");
-    let a = Lease::with_holder(table.clone(), "pod-a");
-    let b = Lease::with_holder(table.clone(), "pod-b");
-    (file, table, a, b)
-}
-
-// ---------------------------------------------------------------------------
-// Exactly one of two pods runs.
-
-#[singleton(name = "singleton-one-of-two", ttl = "2s", lease = pod)]
-async fn one_of_two(pod: &Lease, runs: &AtomicU32) -> Option<String> {
-    runs.fetch_add(1, Ordering::SeqCst);
-    // Long enough for the other pod's call to overlap with this one.
-    sleep(Duration::from_millis(100)).await;
-    Some(pod.holder().to_owned())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_one_of_two_pods_runs() {
-    let (_file, _table, a, b) = sqlite_pods().await;
-    let mut winners = Vec::new();
-    for tick in 0..5 {
-        let runs = AtomicU32::new(0);
-        let (ran_a, ran_b) = tokio::join!(one_of_two(&a, &runs), one_of_two(&b, &runs));
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            1,
-            "tick {tick}: the body ran once"
-        );
-        match (ran_a, ran_b) {
-            (Some(winner), None) | (None, Some(winner)) => winners.push(winner),
-            other => panic!("tick {tick}: exactly one pod must run, got {other:?}"),
-        }
-    }
-    assert!(
-        winners.iter().all(|w| w == "pod-a" || w == "pod-b"),
-        "{winners:?}"
-    );
 }
 
 // ---------------------------------------------------------------------------
@@ -132,46 +86,8 @@ async fn a_skipped_call_returns_the_skipped_value() {
 }
 
 // ---------------------------------------------------------------------------
-// The `token` binding is cancelled when the lease is lost.
-
-/// Waits (at most 5 s) for the lease to be lost; returns how long it took.
-#[singleton(name = "singleton-token-lost", ttl = "900ms", lease = pod, token = cancel)]
-async fn until_lost(pod: &Lease, started: &Notify) -> Option<Duration> {
-    started.notify_one();
-    let t0 = Instant::now();
-    timeout(Duration::from_secs(5), cancel.cancelled())
-        .await
-        .ok()?;
-    Some(t0.elapsed())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_token_is_cancelled_when_the_lease_is_lost() {
-    let (_file, table, a, b) = sqlite_pods().await;
-    let started = Notify::new();
-    let (lost_after, ()) = tokio::join!(until_lost(&a, &started), async {
-        started.notified().await;
-        // Someone (an operator, a split brain) hands the lease to pod-b
-        // behind pod-a's back.
-        let stolen = sqlx::query("UPDATE task_leases SET holder = 'pod-b' WHERE name = ?")
-            .bind("singleton-token-lost")
-            .execute(table.pool())
-            .await
-            .expect("steal the lease");
-        assert_eq!(stolen.rows_affected(), 1);
-    });
-    // pod-a notices at its next renewal, ttl/3 = 300 ms after acquiring.
-    let lost_after = lost_after.expect("the body saw the token cancelled");
-    assert!(lost_after < Duration::from_millis(900), "{lost_after:?}");
-    // pod-b holds it now: pod-a's next call is skipped, pod-b's runs.
-    assert_eq!(holder_of_token_lost(&a).await, None);
-    assert_eq!(holder_of_token_lost(&b).await.as_deref(), Some("pod-b"));
-}
-
-#[singleton(name = "singleton-token-lost", ttl = "900ms", lease = pod)]
-async fn holder_of_token_lost(pod: &Lease) -> Option<String> {
-    Some(pod.holder().to_owned())
-}
+// The `token` binding stays uncancelled while the lease is renewed (its
+// cancellation when the lease is lost: `tests/tests/singleton_sqlite.rs`).
 
 #[singleton(name = "singleton-token-kept", ttl = "60ms", lease = pod, token = cancel)]
 async fn outlives_its_ttl(pod: &Lease) -> Option<bool> {
