@@ -456,10 +456,6 @@ impl Redis {
     /// newer connection is not touched). It closes once the requests still
     /// in flight on it are done.
     fn retire(&self, conn: &Arc<MultiplexedConnection>) {
-        // BREAK-TEST (reverted): keep every connection, however silent.
-        if std::env::var_os("LEASE_NEVER").is_none() {
-            return;
-        }
         let mut cached = self.cached();
         if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *cached = None;
