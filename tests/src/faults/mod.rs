@@ -1151,7 +1151,7 @@ impl<'a> Scenario<'a> {
                     }
                 }
                 if event.count == 0 {
-                    event.missed = Some("the holder had no connection to reset".to_owned());
+                    event.missed = Some("no connection of the holder was reset".to_owned());
                 }
                 tokio::time::sleep(ttl * 2).await;
             }
@@ -1674,6 +1674,8 @@ fn analyse(
         let Some(section) = section_at(sections, victim, e.t) else {
             // Every victim promised to hold (and said so) before the fault.
             r.misses += 1;
+            r.miss_reasons
+                .push("no section of the victim's in the log".to_owned());
             r.failures.push(format!(
                 "the fault landed on {victim} while it held, but no section of its in the log covers it"
             ));
