@@ -318,7 +318,7 @@ impl Report {
                 .join("; ")
         };
         match r.fault {
-            Fault::Kill => format!("killed while holding {}/{}", r.hits, r.hits),
+            Fault::Kill => "—".to_owned(),
             Fault::Stop => self.woken(r),
             Fault::ConnKill => format!(
                 "{} connection(s) killed; lease kept {kept}/{}",
