@@ -199,6 +199,47 @@ fn available<P, E: Display>(server: &str, url: &str, pool: Result<P, E>) -> Opti
     }
 }
 
+/// Microseconds on the host's `CLOCK_MONOTONIC`, the clock of
+/// [`std::time::Instant`] on Linux: one clock for every process of the
+/// host, which the wall clock (stepped or slewed by NTP) is not, so readings
+/// taken in different processes (the fault suite's contenders and its
+/// orchestrator) can be compared.
+///
+/// The standard library gives no raw reading of an `Instant`, and this
+/// workspace forbids the `unsafe` a `clock_gettime` call would need; on
+/// Linux an `Instant`'s `Debug` output is its `timespec`
+/// (`Instant { tv_sec: 1557, tv_nsec: 750695348 }`), which is read here.
+///
+/// # Panics
+///
+/// If that output has another shape (another platform or standard
+/// library): the fault suite cannot compare its processes' readings then.
+pub fn monotonic_us() -> i64 {
+    monotonic_us_of(std::time::Instant::now())
+}
+
+/// [`monotonic_us`] of an `Instant` taken earlier.
+///
+/// # Panics
+///
+/// As [`monotonic_us`].
+pub fn monotonic_us_of(t: std::time::Instant) -> i64 {
+    let text = format!("{t:?}");
+    let field = |name: &str| -> Option<i64> {
+        let start = text.find(name)? + name.len();
+        let digits: String = text[start..]
+            .chars()
+            .skip_while(|c| !c.is_ascii_digit())
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok()
+    };
+    match (field("tv_sec:"), field("tv_nsec:")) {
+        (Some(sec), Some(nsec)) => sec * 1_000_000 + nsec / 1000,
+        _ => panic!("cannot read CLOCK_MONOTONIC from {text:?} on this platform"),
+    }
+}
+
 /// A string that no other test (in this or another process, now or in an
 /// earlier run) uses: `"{prefix}-{16 hex digits}"`. Use it for lease names,
 /// holders and table names so that tests can run in parallel.

@@ -14,7 +14,9 @@
 //! proxy.set_mode(Mode::Pass);                              // healed: held bytes flow on
 //! let cut = proxy.reset();                                 // RST every open connection
 //! let stuck = proxy.black_hole_open();                     // the open ones go silent for good
-//! # let _ = (cut, stuck); }
+//! proxy.stall_requests(|chunk| chunk.len() > 16);          // the open ones' next request waits...
+//! let held = proxy.deliver_stalled();                      // ...until now
+//! # let _ = (cut, stuck, held); }
 //! ```
 //!
 //! # Modes
@@ -46,6 +48,39 @@
 //! it. [`accepted`](FaultProxy::accepted) counts the connections ever
 //! accepted, to see how many new ones a client opened.
 //!
+//! # Stalling the next request
+//!
+//! [`stall_requests`](FaultProxy::stall_requests) arms the connections open
+//! at that moment: the next chunk a client sends on one of them that the
+//! given predicate takes for a request — a statement, not a keep-alive
+//! ping — and everything the client sends after it on that connection are
+//! held back until [`deliver_stalled`](FaultProxy::deliver_stalled), which
+//! delivers them in order and returns what was held, with the instant it
+//! was sent (on [`monotonic_us`](crate::monotonic_us)). One request is
+//! stalled: other chunks sent before it go through, and so does everything
+//! on the other connections and on new ones. This is a request lost in
+//! the network for a while and then delivered — TCP retransmitting it after
+//! a partition healed — on a connection the client is still waiting on or
+//! has given up on.
+//!
+//! Pings are let through because connection pools send them on their own:
+//! sqlx pings a connection before handing it out and when it comes back,
+//! and the next statement on it waits for that ping's answer. A stalled ping
+//! would keep the request that matters from ever leaving the client. So
+//! would a stalled preparation of a statement (sqlx prepares a statement on
+//! its first use on a connection, and sends it only once that is answered):
+//! the predicate tells which chunks to stall.
+//!
+//! # Watching the traffic
+//!
+//! [`record_replies`](FaultProxy::record_replies) makes the proxy note when
+//! it read each chunk the server sent (on [`monotonic_us`](crate::monotonic_us));
+//! [`last_reply_between`](FaultProxy::last_reply_between) looks them up: the
+//! instant the server's answer to a request left the server, as near as
+//! can be seen from outside it, whatever delay the proxy then adds.
+//! [`last_activity_us`](FaultProxy::last_activity_us) is when the proxy last
+//! read anything from either side.
+//!
 //! [`reset`](FaultProxy::reset) closes every open connection abruptly on both
 //! sides (`SO_LINGER` 0, so each side gets a TCP RST, not a FIN), whatever the
 //! mode. The server's side ending (for example a killed session) ends the
@@ -54,8 +89,8 @@
 //! Dropping the proxy stops it and cuts every connection.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -63,6 +98,8 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+
+use crate::monotonic_us;
 
 /// What a [`FaultProxy`] does to the bytes it forwards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,14 +121,65 @@ impl Mode {
     }
 }
 
-/// What every connection watches: the mode, and which connections are
-/// black-holed for good whatever the mode.
+/// What every connection watches: the mode, which connections are
+/// black-holed for good whatever the mode, and which are armed to stall
+/// their next request.
 #[derive(Debug, Clone, Copy)]
 struct State {
     mode: Mode,
     /// Connections numbered below this are black-holed for good
     /// ([`FaultProxy::black_hole_open`]).
     stuck_below: u64,
+    /// Armed by [`FaultProxy::stall_requests`], until
+    /// [`FaultProxy::deliver_stalled`].
+    stall: Option<Stall>,
+}
+
+/// Which chunks of a client's a stall takes for a request.
+type IsRequest = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// The predicate of the current [`Stall`].
+#[derive(Default)]
+struct RequestFilter(Mutex<Option<IsRequest>>);
+
+impl std::fmt::Debug for RequestFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestFilter")
+    }
+}
+
+impl RequestFilter {
+    fn set(&self, is_request: IsRequest) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(is_request);
+    }
+
+    fn matches(&self, chunk: &[u8]) -> bool {
+        let filter = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        filter.as_ref().is_some_and(|f| f(chunk))
+    }
+}
+
+/// One arming of [`FaultProxy::stall_requests`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stall {
+    /// Tells this arming from later ones: a chunk held by it waits until
+    /// the state no longer carries it.
+    generation: u64,
+    /// Connections numbered below this (open when it was armed) are armed.
+    below: u64,
+}
+
+/// What one connection's client sent into a stall
+/// ([`FaultProxy::stall_requests`]), as [`FaultProxy::deliver_stalled`]
+/// reports it.
+#[derive(Debug, Clone)]
+pub struct StalledRequest {
+    /// The proxy's number of the connection (in order of acceptance).
+    pub connection: u64,
+    /// When the first held chunk was read ([`monotonic_us`](crate::monotonic_us)).
+    pub first_at_us: i64,
+    /// Everything held back, in order.
+    pub bytes: Vec<u8>,
 }
 
 impl State {
@@ -114,6 +202,25 @@ struct Shared {
     /// Connections accepted so far; also the number of the next one.
     accepted: AtomicU64,
     upstream: SocketAddr,
+    /// Numbers the armings of [`FaultProxy::stall_requests`].
+    stalls: AtomicU64,
+    /// What the current arming holds back, and how it tells a request.
+    stalled: Mutex<Vec<StalledRequest>>,
+    is_request: RequestFilter,
+    /// Whether to note when each chunk of the server's was read.
+    recording: AtomicBool,
+    replies: Mutex<Vec<i64>>,
+    last_activity: AtomicI64,
+}
+
+impl Shared {
+    fn stalled(&self) -> std::sync::MutexGuard<'_, Vec<StalledRequest>> {
+        self.stalled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn replies(&self) -> std::sync::MutexGuard<'_, Vec<i64>> {
+        self.replies.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A TCP proxy to one upstream server whose behaviour ([`Mode`]) can be
@@ -141,11 +248,18 @@ impl FaultProxy {
             state: watch::Sender::new(State {
                 mode: Mode::Pass,
                 stuck_below: 0,
+                stall: None,
             }),
             reset: Notify::new(),
             open: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
             upstream,
+            stalls: AtomicU64::new(0),
+            stalled: Mutex::new(Vec::new()),
+            is_request: RequestFilter::default(),
+            recording: AtomicBool::new(false),
+            replies: Mutex::new(Vec::new()),
+            last_activity: AtomicI64::new(0),
         });
         let accept = shared.clone();
         let task = tokio::spawn(async move {
@@ -192,6 +306,61 @@ impl FaultProxy {
             .state
             .send_modify(|state| state.stuck_below = state.stuck_below.max(next));
         self.connections()
+    }
+
+    /// Arm every connection open now: the next chunk from a client on one of
+    /// them for which `is_request` is true, and all that client sends after
+    /// it on that connection, are held back until
+    /// [`deliver_stalled`](FaultProxy::deliver_stalled)
+    /// (see the [module docs](self#stalling-the-next-request)). Returns how
+    /// many connections were open. Arming again replaces the arming before
+    /// (whatever it held is delivered).
+    pub fn stall_requests(
+        &self,
+        is_request: impl Fn(&[u8]) -> bool + Send + Sync + 'static,
+    ) -> usize {
+        let generation = self.shared.stalls.fetch_add(1, Ordering::Relaxed) + 1;
+        let below = self.shared.accepted.load(Ordering::Relaxed);
+        self.shared.stalled().clear();
+        self.shared.is_request.set(Arc::new(is_request));
+        self.shared.state.send_modify(|state| {
+            state.stall = Some(Stall { generation, below });
+        });
+        self.connections()
+    }
+
+    /// Deliver what the arming of [`stall_requests`](FaultProxy::stall_requests)
+    /// held back (in order) and disarm it; returns what was held: nothing,
+    /// or the one connection whose request was stalled.
+    pub fn deliver_stalled(&self) -> Vec<StalledRequest> {
+        let held = std::mem::take(&mut *self.shared.stalled());
+        self.shared.state.send_modify(|state| state.stall = None);
+        held
+    }
+
+    /// From now on, note when each chunk the server sends is read (see
+    /// [`last_reply_between`](FaultProxy::last_reply_between)).
+    pub fn record_replies(&self) {
+        self.shared.recording.store(true, Ordering::Relaxed);
+    }
+
+    /// The last instant in `[from, to]` (µs, [`monotonic_us`](crate::monotonic_us))
+    /// at which the proxy read a chunk from the server, on any connection;
+    /// `None` if none (or [`record_replies`](FaultProxy::record_replies) was
+    /// not called).
+    pub fn last_reply_between(&self, from: i64, to: i64) -> Option<i64> {
+        self.shared
+            .replies()
+            .iter()
+            .copied()
+            .filter(|&t| from <= t && t <= to)
+            .max()
+    }
+
+    /// When the proxy last read a chunk from either side
+    /// ([`monotonic_us`](crate::monotonic_us); 0 if never).
+    pub fn last_activity_us(&self) -> i64 {
+        self.shared.last_activity.load(Ordering::Relaxed)
     }
 
     /// How many connections the proxy has accepted since it started.
@@ -265,8 +434,8 @@ async fn connection(mut client: TcpStream, id: u64, shared: Arc<Shared>) {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
         tokio::select! {
-            () = pump(client_read, server_write, id, shared.state.subscribe()) => false,
-            () = pump(server_read, client_write, id, shared.state.subscribe()) => false,
+            () = pump(client_read, server_write, id, Direction::Up, &shared) => false,
+            () = pump(server_read, client_write, id, Direction::Down, &shared) => false,
             () = reset.as_mut() => true,
         }
     };
@@ -278,34 +447,80 @@ async fn connection(mut client: TcpStream, id: u64, shared: Arc<Shared>) {
     // Dropping both streams closes them.
 }
 
+/// Which way a [`pump`] forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    /// From the client to the server: requests, which a stall holds back.
+    Up,
+    /// From the server to the client: replies, whose times may be noted.
+    Down,
+}
+
 /// Forward one direction of connection number `id` until the reading side
 /// ends or the writing side fails.
 async fn pump(
     mut from: ReadHalf<'_>,
     mut to: WriteHalf<'_>,
     id: u64,
-    state: watch::Receiver<State>,
+    direction: Direction,
+    shared: &Shared,
 ) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    // Each chunk: when to write it, and the stall that holds it back, if any.
+    type Chunk = (Instant, Vec<u8>, Option<u64>);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Chunk>();
+    let state = shared.state.subscribe();
     let read_state = state.clone();
     let read = async move {
         let mut buf = vec![0; 16 * 1024];
+        // The stall that this connection has run into (it holds everything after).
+        let mut stalled_by: Option<u64> = None;
         while let Ok(n @ 1..) = from.read(&mut buf).await {
-            let at = Instant::now() + read_state.borrow().mode_of(id).delay();
-            if tx.send((at, buf[..n].to_vec())).is_err() {
+            let now_us = monotonic_us();
+            shared.last_activity.store(now_us, Ordering::Relaxed);
+            let current = *read_state.borrow();
+            let at = Instant::now() + current.mode_of(id).delay();
+            let mut held = None;
+            match direction {
+                Direction::Down => {
+                    if shared.recording.load(Ordering::Relaxed) {
+                        shared.replies().push(now_us);
+                    }
+                }
+                Direction::Up => {
+                    if let Some(stall) = current.stall.filter(|s| id < s.below) {
+                        let mut stalled = shared.stalled();
+                        if stalled_by == Some(stall.generation) {
+                            held = stalled_by;
+                            if let Some(r) = stalled.iter_mut().find(|r| r.connection == id) {
+                                r.bytes.extend_from_slice(&buf[..n]);
+                            }
+                        } else if stalled.is_empty() && shared.is_request.matches(&buf[..n]) {
+                            // The first request of this arming, on any connection.
+                            stalled_by = Some(stall.generation);
+                            held = stalled_by;
+                            stalled.push(StalledRequest {
+                                connection: id,
+                                first_at_us: now_us,
+                                bytes: buf[..n].to_vec(),
+                            });
+                        }
+                    }
+                }
+            }
+            if tx.send((at, buf[..n].to_vec(), held)).is_err() {
                 return;
             }
         }
     };
     let write = async move {
         let mut state = state;
-        while let Some((at, bytes)) = rx.recv().await {
+        while let Some((at, bytes, held)) = rx.recv().await {
             tokio::time::sleep_until(at).await;
-            if state
-                .wait_for(|s| s.mode_of(id) != Mode::BlackHole)
-                .await
-                .is_err()
-            {
+            let free = |s: &State| {
+                s.mode_of(id) != Mode::BlackHole
+                    && (held.is_none() || s.stall.map(|s| s.generation) != held)
+            };
+            if state.wait_for(free).await.is_err() {
                 return;
             }
             if to.write_all(&bytes).await.is_err() {

@@ -1,6 +1,6 @@
 //! The short fault-injection run (CI): every server backend × every fault,
-//! injected once, with contenders in separate processes and private
-//! servers. It asserts the required zeros and timing bounds; the full run
+//! injected once per documented variant of the fault (at least once), with
+//! contenders in separate processes and private servers. It asserts the required zeros and timing bounds; the full run
 //! and what each number means are in `docs/RELIABILITY.md`.
 //!
 //! Needs the shared PostgreSQL (for the checker) and the PostgreSQL,

@@ -3,15 +3,20 @@
 //! ```text
 //! fault-suite [--full] [--injections N] [--ttl-ms N] [--slack-ms N]
 //!             [--backend pg-table|mysql-table|pg-advisory|redis]...
-//!             [--fault kill|stop|conn-kill|steal|latency|black-hole|reset|restart|restart-no-persistence]...
+//!             [--fault kill|stop|conn-kill|steal|latency|black-hole|black-hole-conn|reset|
+//!                      late-release|restart|restart-no-persistence]...
 //!             [--no-pool-ping] [--keep-tables] [--write docs/RELIABILITY.md]
 //! fault-suite worker ...   (a contender; started by the suite itself)
 //! ```
 //!
 //! Without `--full` it is the short run that CI does (one injection per
-//! backend × fault). `--write` replaces the generated part of a Markdown file
-//! with the report. The exit code is 1 when a required property did not
-//! hold, 2 on a usage error, 3 when the run could not be done.
+//! backend × fault, but at least one per variant of a fault). `--write`
+//! replaces the generated part of a Markdown file with the report. The exit
+//! code is 1 when a required property did not hold, 2 on a usage error, 3
+//! when the run could not be done.
+//!
+//! `LEASE_FAULTS_BREAK=<word>,...` breaks the run on purpose, to show that
+//! a check can fail (see `tests/src/faults/breaks.rs`); the report says so.
 
 use std::path::PathBuf;
 use std::str::FromStr;

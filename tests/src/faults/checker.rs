@@ -10,13 +10,18 @@
 //!   again). It is one atomic `UPDATE ... WHERE`; 0 rows = rejected.
 //! - `writes`: every attempted write, accepted or not, appended in the same
 //!   statement, with the holder, the fence, whether the client believed its
-//!   lease valid, and the time. Accepted writes of one key get increasing
+//!   lease valid before it wrote and whether it still did once the write had
+//!   returned (set by a second statement), and the time. Accepted writes of one key get increasing
 //!   ids in the order they were applied (each holds the row lock from its
 //!   `UPDATE` to its commit, and draws its id in between), so the log can
 //!   be re-checked without trusting the `UPDATE`'s condition.
 //! - `sections`: one row per critical section: holder, process, fence,
-//!   start, the last instant at which the holder checked that its lease was
-//!   valid, end, when its token was cancelled, and what it saw after a pause.
+//!   when the acquisition's request was sent and when it returned, the last
+//!   instant at which the holder found its lease valid, end, when its token
+//!   was cancelled, and what it saw after a pause.
+//!
+//! Every time is in µs of [`monotonic_us`](crate::monotonic_us), which all
+//! the processes of a run share.
 
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, FromRow, PgPool, Row};
@@ -33,7 +38,13 @@ pub(crate) struct Checker {
 pub(crate) struct Section {
     pub(crate) holder: String,
     pub(crate) fence: Option<i64>,
+    /// Just before the acquisition's request was sent.
+    pub(crate) t_req: i64,
+    /// When the acquisition returned.
     pub(crate) t_start: i64,
+    /// When its proxy saw the grant's answer leave the server (not in the
+    /// log: the orchestrator fills it in).
+    pub(crate) t_granted: Option<i64>,
     pub(crate) t_last_valid: Option<i64>,
     pub(crate) t_end: Option<i64>,
     pub(crate) valid_end: Option<bool>,
@@ -50,8 +61,12 @@ pub(crate) struct Section {
 pub(crate) struct Write {
     pub(crate) holder: String,
     pub(crate) fence: i64,
-    pub(crate) client_valid: bool,
+    /// The lease was still valid once the write had returned (so all along
+    /// it was applied); `None` if the writer did not get to record it.
+    pub(crate) valid_after: Option<bool>,
     pub(crate) accepted: bool,
+    /// When the writer sent it.
+    pub(crate) t_client: i64,
 }
 
 impl FromRow<'_, PgRow> for Section {
@@ -59,7 +74,9 @@ impl FromRow<'_, PgRow> for Section {
         Ok(Self {
             holder: row.try_get("holder")?,
             fence: row.try_get("fence")?,
+            t_req: row.try_get("t_req")?,
             t_start: row.try_get("t_start")?,
+            t_granted: None,
             t_last_valid: row.try_get("t_last_valid")?,
             t_end: row.try_get("t_end")?,
             valid_end: row.try_get("valid_end")?,
@@ -78,8 +95,9 @@ impl FromRow<'_, PgRow> for Write {
         Ok(Self {
             holder: row.try_get("holder")?,
             fence: row.try_get("fence")?,
-            client_valid: row.try_get("client_valid")?,
+            valid_after: row.try_get("valid_after")?,
             accepted: row.try_get("accepted")?,
+            t_client: row.try_get("t_client")?,
         })
     }
 }
@@ -126,10 +144,11 @@ impl Checker {
                    fence_holder TEXT NOT NULL);
              CREATE TABLE {p}_writes (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, holder TEXT NOT NULL, \
                    fence BIGINT NOT NULL, kind TEXT NOT NULL, client_valid BOOLEAN NOT NULL, \
-                   accepted BOOLEAN NOT NULL, t_client BIGINT NOT NULL, \
+                   accepted BOOLEAN NOT NULL, valid_after BOOLEAN, t_client BIGINT NOT NULL, \
                    t_server TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp());
              CREATE TABLE {p}_sections (id BIGSERIAL PRIMARY KEY, key TEXT NOT NULL, holder TEXT NOT NULL, \
-                   pid INT NOT NULL, fence BIGINT, t_start BIGINT NOT NULL, t_last_valid BIGINT, \
+                   pid INT NOT NULL, fence BIGINT, t_req BIGINT NOT NULL, t_start BIGINT NOT NULL, \
+                   t_last_valid BIGINT, \
                    t_end BIGINT, valid_end BOOLEAN, t_cancel BIGINT, wake_t BIGINT, wake_valid BOOLEAN, \
                    wake_cancelled_now BOOLEAN, wake_cancel_us BIGINT, wake_write_accepted BOOLEAN)";
         sqlx::raw_sql(self.sql(ddl)).execute(&self.pool).await?;
@@ -155,7 +174,8 @@ impl Checker {
         Ok(())
     }
 
-    /// Write to the fenced resource `key` with `fence`; true iff accepted.
+    /// Write to the fenced resource `key` with `fence`: whether it was
+    /// accepted, and the id of its log entry (for [`valid_after`](Checker::valid_after)).
     /// The attempt is logged either way, in the same statement.
     pub(crate) async fn write(
         &self,
@@ -165,13 +185,13 @@ impl Checker {
         kind: &str,
         client_valid: bool,
         t_client: i64,
-    ) -> Result<bool> {
-        sqlx::query_scalar(self.sql(
+    ) -> Result<(bool, i64)> {
+        sqlx::query_as(self.sql(
             "WITH u AS (UPDATE {p}_resource SET max_fence = $3, fence_holder = $2 \
                  WHERE key = $1 AND (max_fence < $3 OR (max_fence = $3 AND fence_holder = $2)) \
                  RETURNING 1) \
              INSERT INTO {p}_writes (key, holder, fence, kind, client_valid, accepted, t_client) \
-             SELECT $1, $2, $3, $4, $5, EXISTS (SELECT 1 FROM u), $6 RETURNING accepted",
+             SELECT $1, $2, $3, $4, $5, EXISTS (SELECT 1 FROM u), $6 RETURNING accepted, id",
         ))
         .bind(key)
         .bind(holder)
@@ -183,6 +203,16 @@ impl Checker {
         .await
     }
 
+    /// Record whether the writer's lease was still valid once the write `id` had returned.
+    pub(crate) async fn valid_after(&self, id: i64, valid: bool) -> Result<()> {
+        sqlx::query(self.sql("UPDATE {p}_writes SET valid_after = $2 WHERE id = $1"))
+            .bind(id)
+            .bind(valid)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Record the start of a critical section; returns its id.
     pub(crate) async fn start_section(
         &self,
@@ -190,17 +220,18 @@ impl Checker {
         holder: &str,
         pid: u32,
         fence: Option<i64>,
-        t_start: i64,
+        (t_req, t_start): (i64, i64),
         valid: bool,
     ) -> Result<i64> {
         sqlx::query_scalar(self.sql(
-            "INSERT INTO {p}_sections (key, holder, pid, fence, t_start, t_last_valid) \
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+            "INSERT INTO {p}_sections (key, holder, pid, fence, t_req, t_start, t_last_valid) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
         ))
         .bind(key)
         .bind(holder)
         .bind(i32::try_from(pid).unwrap_or(i32::MAX))
         .bind(fence)
+        .bind(t_req)
         .bind(t_start)
         .bind(valid.then_some(t_start))
         .fetch_one(&self.pool)
@@ -232,7 +263,7 @@ impl Checker {
     /// Every section of `key`, in start order.
     pub(crate) async fn sections(&self, key: &str) -> Result<Vec<Section>> {
         sqlx::query_as(self.sql(
-            "SELECT holder, fence, t_start, t_last_valid, t_end, valid_end, t_cancel, wake_t, \
+            "SELECT holder, fence, t_req, t_start, t_last_valid, t_end, valid_end, t_cancel, wake_t, \
              wake_valid, wake_cancelled_now, wake_cancel_us, wake_write_accepted \
              FROM {p}_sections WHERE key = $1 ORDER BY t_start, id",
         ))
@@ -244,7 +275,8 @@ impl Checker {
     /// Every write to `key`, in id order.
     pub(crate) async fn writes(&self, key: &str) -> Result<Vec<Write>> {
         sqlx::query_as(self.sql(
-            "SELECT holder, fence, client_valid, accepted FROM {p}_writes WHERE key = $1 ORDER BY id",
+            "SELECT holder, fence, valid_after, accepted, t_client FROM {p}_writes \
+             WHERE key = $1 ORDER BY id",
         ))
         .bind(key)
         .fetch_all(&self.pool)

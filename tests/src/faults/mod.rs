@@ -7,11 +7,15 @@
 //! (the `fault-suite` binary in its `worker` role, [`worker`]) loop
 //! acquire → critical section of random length → release on one lease name,
 //! each through its own [`FaultProxy`] to the
-//! server, while the nemesis injects the fault `injections` times. Every
-//! critical section and every write to the fenced resource is recorded in
-//! the checker (tables on the shared PostgreSQL, never faulted); the
-//! scenario is analysed from those records when its contenders have
-//! stopped, into a [`ScenarioResult`].
+//! server, while the nemesis injects the fault `injections` times (at least
+//! once per variant of the fault, [`Fault::variants`]). Every critical
+//! section and every write to the fenced resource is recorded in the
+//! checker (tables on the shared PostgreSQL, never faulted); the scenario
+//! is analysed from those records, and from what the proxies saw, when its
+//! contenders have stopped, into a [`ScenarioResult`].
+//!
+//! Every check must be able to fail: [`breaks`] holds the deliberately
+//! broken behaviours (switched on by `LEASE_FAULTS_BREAK`) that show it.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), lease_tests::faults::RunError> {
@@ -29,7 +33,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lease::backend::{MySqlTable, PgTable, Redis};
 use sqlx::Connection;
@@ -37,9 +41,10 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::time::Instant;
 
-use crate::proxy::{FaultProxy, Mode};
+use crate::proxy::{FaultProxy, Mode, StalledRequest};
 use crate::servers::{PrivateServer, RedisPersistence, signal};
 
+pub mod breaks;
 mod checker;
 mod report;
 pub mod worker;
@@ -47,22 +52,15 @@ pub mod worker;
 use checker::{Checker, Section, Write};
 pub use report::{Environment, MARKERS, Report};
 
-/// Microseconds since the Unix epoch, by this host's wall clock.
-///
-/// Every process of a run is on the same host, so their readings are
-/// comparable; a step of the wall clock during a run would show up as
-/// nonsense durations (none was seen).
-pub fn now_us() -> i64 {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
-}
+/// Every time the suite records — in the orchestrator, the proxies and the
+/// contender processes — is in µs of this clock: `CLOCK_MONOTONIC`, one
+/// clock for all the processes of the host, which the wall clock is not.
+pub use crate::monotonic_us;
 
 /// A number in `[0, 1)`, different on every call.
 fn fraction() -> f64 {
     use std::hash::{BuildHasher, RandomState};
-    let bits = RandomState::new().hash_one(now_us()) >> 11;
+    let bits = RandomState::new().hash_one(monotonic_us()) >> 11;
     // 53 random bits: exact in an f64.
     bits as f64 / (1u64 << 53) as f64
 }
@@ -123,7 +121,12 @@ impl BackendKind {
         Fault::ALL
             .into_iter()
             .filter(|f| match f {
-                Fault::Steal => self != BackendKind::PgAdvisory,
+                // No lease to steal without ending the session (that is
+                // `conn-kill`), no fence to match a late release against.
+                Fault::Steal | Fault::LateRelease => self.fenced(),
+                // The backend that promises to replace a silent connection;
+                // see `docs/RELIABILITY.md` for the others.
+                Fault::BlackHoleConn => self == BackendKind::Redis,
                 Fault::RestartNoPersistence => self == BackendKind::Redis,
                 _ => true,
             })
@@ -155,14 +158,24 @@ pub enum Fault {
     /// delete its Redis key) — what an operator or a buggy peer could do;
     /// the holder must notice at its next renewal.
     Steal,
-    /// Every contender's link gets added latency for 3 ttl: ttl/6 each way
-    /// (a round trip of ttl/3, the renewal timeout) on even injections,
-    /// ttl/12 each way on odd ones.
+    /// Added latency for 3 ttl, in turn: ttl/6 each way on every
+    /// contender's link (a round trip of ttl/3, the renewal timeout); ttl/12
+    /// each way on every link; ttl/6 each way on the holder's link only, so
+    /// that the others, undelayed, take the lease the moment the server lets
+    /// them — any belief of the holder's past that moment is an overlap.
     Latency,
     /// The holder's link becomes a black hole for 2 ttl, then heals.
     BlackHole,
+    /// The holder's established connections go silent for good (a half-open
+    /// socket: a failover behind a virtual IP, a dropped NAT entry), while
+    /// new connections get through.
+    BlackHoleConn,
     /// Every open connection (all contenders) is reset (TCP RST).
     Reset,
+    /// The holder's release is held back in the network past the ttl; the
+    /// same holder acquires the name again; then the old release is
+    /// delivered. It must not end the newer lease.
+    LateRelease,
     /// The server process crashes and restarts (PostgreSQL immediate
     /// shutdown, MariaDB and Redis `SIGKILL`; Redis with
     /// `appendonly yes`, `appendfsync always`): on even injections it stays
@@ -176,14 +189,16 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 11] = [
         Fault::Kill,
         Fault::Stop,
         Fault::ConnKill,
         Fault::Steal,
         Fault::Latency,
         Fault::BlackHole,
+        Fault::BlackHoleConn,
         Fault::Reset,
+        Fault::LateRelease,
         Fault::Restart,
         Fault::RestartNoPersistence,
     ];
@@ -197,9 +212,27 @@ impl Fault {
             Fault::Steal => "steal",
             Fault::Latency => "latency",
             Fault::BlackHole => "black-hole",
+            Fault::BlackHoleConn => "black-hole-conn",
             Fault::Reset => "reset",
+            Fault::LateRelease => "late-release",
             Fault::Restart => "restart",
             Fault::RestartNoPersistence => "restart-no-persistence",
+        }
+    }
+
+    /// The documented variants of this fault, which injections take in
+    /// turn (injection `k` is variant `k % len`): every run must land each at
+    /// least once.
+    pub fn variants(self) -> &'static [&'static str] {
+        match self {
+            Fault::Stop => &["pause 2.5 ttl", "pause 0.6–1.4 ttl"],
+            Fault::Latency => &[
+                "ttl/6 each way",
+                "ttl/12 each way",
+                "ttl/6 each way, holder's link only",
+            ],
+            Fault::Restart | Fault::RestartNoPersistence => &["down 1.5 ttl", "restarted at once"],
+            _ => &[""],
         }
     }
 
@@ -256,7 +289,8 @@ pub struct Config {
 }
 
 impl Config {
-    /// The short run CI does: every backend × fault, injected once.
+    /// The short run CI does: every backend × fault, injected once per
+    /// variant ([`Config::injections_for`]).
     pub fn short(worker_exe: PathBuf) -> Self {
         Self {
             worker_exe,
@@ -271,6 +305,18 @@ impl Config {
             progress: true,
             pool_ping: true,
         }
+    }
+
+    /// Injections of `fault` in this run: [`injections`](Config::injections),
+    /// but at least one per documented variant ([`Fault::variants`]), so
+    /// that even the short run tries every kind of scenario (except under
+    /// the `first-variant-only` break).
+    pub fn injections_for(&self, fault: Fault) -> u32 {
+        if breaks::on("first-variant-only") {
+            return 1;
+        }
+        let variants = u32::try_from(fault.variants().len()).unwrap_or(1);
+        self.injections.max(variants)
     }
 
     /// The full run documented in `docs/RELIABILITY.md`: ten injections each.
@@ -299,6 +345,20 @@ impl Config {
     pub fn deadline_bound(&self) -> Duration {
         self.ttl + self.slack
     }
+
+    /// Timing bound (`black-hole-conn`): from the end of the victim's section
+    /// to its next acquisition, with the other contenders held back. The
+    /// `Redis` docs ("Connection"): a connection that stops answering is
+    /// retired when the first call sent into the silence reaches its time
+    /// limit — at most redis' response timeout, 500 ms by default (the
+    /// contenders' pools keep it), or the engine's acquisition limit if
+    /// shorter — and every later call goes to a new connection. So the
+    /// release and the acquisition take at most one such limit plus round
+    /// trips, after the contender's pause of up to 60 ms.
+    pub fn reconnect_bound(&self) -> Duration {
+        let margin = self.ttl / 100 + Duration::from_millis(2);
+        Duration::from_millis(500).min(self.ttl - margin) + Duration::from_millis(60) + self.slack
+    }
 }
 
 /// Why a run could not be done.
@@ -322,16 +382,28 @@ impl std::fmt::Display for RunError {
 impl std::error::Error for RunError {}
 
 /// One injection of a fault, as the nemesis did it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Event {
-    /// When the fault landed (µs since the epoch).
+    /// When the fault landed (µs).
     t: i64,
-    /// When it was lifted (SIGCONT, heal, server up again).
+    /// When it was lifted (SIGCONT, heal, server up again, stalled bytes delivered).
     t_lifted: Option<i64>,
     /// The holder the fault was aimed at.
     victim: Option<String>,
+    /// Which of [`Fault::variants`].
+    variant: usize,
+    /// Why the fault did not happen, as far as the nemesis could see (no
+    /// connection killed or reset, nothing stalled, ...): then it is a miss.
+    missed: Option<String>,
+    /// Connections killed, reset or black-holed; rows or keys stolen.
+    count: usize,
     /// How long the server was down (restarts).
     downtime: Option<Duration>,
+    /// `late-release`: the victim's fence before and after it acquired again.
+    fences: Option<(i64, i64)>,
+    /// `black-hole-conn`: from the end of the victim's section to its next
+    /// acquisition (`None`: not within the nemesis' wait).
+    reacquired_after: Option<Option<Duration>>,
 }
 
 /// What one backend × fault showed.
@@ -361,10 +433,24 @@ pub struct ScenarioResult {
     pub stale_accepted: usize,
     /// Writes accepted / rejected by the fenced resource.
     pub writes: (usize, usize),
-    /// Writes rejected although the writer believed its lease valid.
+    /// Writes rejected although the writer's lease was valid from before
+    /// the write until after it returned.
     pub valid_rejected: usize,
     /// Acquisitions whose fence was not larger than an earlier holder's.
     pub fence_reissues: usize,
+    /// Connections killed, reset or black-holed (summed over the injections).
+    pub connections: usize,
+    /// `late-release`: stalled releases delivered after the same holder's
+    /// newer acquisition, and how many of those newer leases were kept.
+    pub late_releases: (usize, usize),
+    /// `black-hole-conn`: per landed injection, the time from the end of the
+    /// victim's section to its next acquisition (`None`: it did not acquire).
+    pub reacquires: Vec<Option<Duration>>,
+    /// Landed injections per variant ([`Fault::variants`]), and how many of
+    /// them cost the victim its lease.
+    pub variants: Vec<(u32, u32)>,
+    /// Why the missed injections missed.
+    pub miss_reasons: Vec<String>,
     /// Time from each landed injection that cost the victim its lease to the
     /// next holder's acquisition (kill, stop of 2.5 ttl, and every fault after
     /// which the victim's token was cancelled).
@@ -584,6 +670,15 @@ struct Seen {
     hold_reply: Option<bool>,
     wakes: u32,
     acquisitions: u64,
+    /// The fence of the last acquisition.
+    fence: i64,
+    /// Releases, and the last one's `(sent, done, confirmed)`.
+    releases: u64,
+    last_release: Option<(i64, i64, bool)>,
+    /// Said `RELEASING` (after `end-gated`) and waits for `go`.
+    releasing: bool,
+    /// Said `YIELDED` since the last `yield`.
+    yielded: bool,
     exited: bool,
 }
 
@@ -607,6 +702,55 @@ impl Worker {
     }
 }
 
+/// Does this chunk a client sent make the server run a statement (or
+/// script)? What `late-release` stalls: not the pings that pools send on
+/// their own (a PostgreSQL `Sync`, a MySQL `COM_PING`, deadpool-redis'
+/// `UNWATCH` and `PING`), and not the preparation of a statement — its first
+/// use on a connection sends only its `Parse` (PostgreSQL) or
+/// `COM_STMT_PREPARE` (MySQL) and waits for the answer before it sends the
+/// statement itself, so a stalled preparation would keep the release from
+/// ever reaching the server.
+fn executes(backend: BackendKind, bytes: &[u8]) -> bool {
+    match backend {
+        BackendKind::PgTable | BackendKind::PgAdvisory => {
+            // Messages: a type byte and a length (big-endian, counting itself).
+            let mut at = 0;
+            while at + 5 <= bytes.len() {
+                if matches!(bytes[at], b'E' | b'Q') {
+                    return true;
+                }
+                let len = u32::from_be_bytes([
+                    bytes[at + 1],
+                    bytes[at + 2],
+                    bytes[at + 3],
+                    bytes[at + 4],
+                ]);
+                at += 1 + usize::try_from(len).unwrap_or(usize::MAX).max(4);
+            }
+            false
+        }
+        BackendKind::MySqlTable => {
+            // Packets: a 3-byte length, a sequence number, then the command.
+            let mut at = 0;
+            while at + 5 <= bytes.len() {
+                let len = usize::from(bytes[at])
+                    | usize::from(bytes[at + 1]) << 8
+                    | usize::from(bytes[at + 2]) << 16;
+                // COM_QUERY, COM_STMT_EXECUTE.
+                if bytes[at + 3] == 0 && matches!(bytes[at + 4], 0x03 | 0x17) {
+                    return true;
+                }
+                at += 4 + len;
+            }
+            false
+        }
+        BackendKind::Redis => {
+            let text = String::from_utf8_lossy(bytes).to_ascii_uppercase();
+            text.contains("\r\nEVALSHA\r\n") || text.contains("\r\nEVAL\r\n")
+        }
+    }
+}
+
 struct Scenario<'a> {
     config: &'a Config,
     backend: BackendKind,
@@ -619,8 +763,11 @@ struct Scenario<'a> {
     proxies: Vec<FaultProxy>,
     workers: Vec<Worker>,
     generation: usize,
-    /// Holders killed by the nemesis, and when.
+    /// Holders killed by the nemesis, and when the kill was reaped (the
+    /// latest instant at which they could have acted).
     killed: HashMap<String, i64>,
+    /// The slot (and so the proxy) of every holder.
+    slots: HashMap<String, usize>,
 }
 
 impl<'a> Scenario<'a> {
@@ -639,7 +786,10 @@ impl<'a> Scenario<'a> {
             .map_err(|e| RunError::Failed(format!("checker: {e}")))?;
         let mut proxies = Vec::new();
         for _ in 0..config.workers {
-            proxies.push(FaultProxy::start(server.addr()).await);
+            let proxy = FaultProxy::start(server.addr()).await;
+            // When each answer left the server: where a grant's validity starts.
+            proxy.record_replies();
+            proxies.push(proxy);
         }
         let mut scenario = Scenario {
             config,
@@ -654,6 +804,7 @@ impl<'a> Scenario<'a> {
             workers: Vec::new(),
             generation: 0,
             killed: HashMap::new(),
+            slots: HashMap::new(),
         };
         for slot in 0..config.workers {
             let worker = scenario.spawn(slot).map_err(RunError::Failed)?;
@@ -670,6 +821,7 @@ impl<'a> Scenario<'a> {
             self.fault.as_str(),
             self.generation
         );
+        self.slots.insert(holder.clone(), slot);
         let port = self.proxies[slot].addr().port();
         let url = match self.backend {
             BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
@@ -706,15 +858,28 @@ impl<'a> Scenario<'a> {
             let mut lines = tokio::io::BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 let mut seen = reader_seen.lock().unwrap_or_else(|e| e.into_inner());
+                let mut words = line.split_whitespace();
+                let mut number = || words.next().and_then(|w| w.parse::<i64>().ok());
                 match line.split_whitespace().next() {
                     Some("ACQ") => {
+                        number();
+                        seen.fence = number().unwrap_or(0);
                         seen.holding_since = Some(Instant::now());
                         seen.acquisitions += 1;
                     }
-                    Some("REL") => seen.holding_since = None,
+                    Some("REL") => {
+                        number();
+                        let (sent, done) = (number().unwrap_or(0), number().unwrap_or(0));
+                        seen.last_release = Some((sent, done, line.ends_with(" ok")));
+                        seen.releases += 1;
+                        seen.holding_since = None;
+                        seen.releasing = false;
+                    }
                     Some("HOLDING") => seen.hold_reply = Some(true),
                     Some("IDLE") => seen.hold_reply = Some(false),
                     Some("WAKE") => seen.wakes += 1,
+                    Some("RELEASING") => seen.releasing = true,
+                    Some("YIELDED") => seen.yielded = true,
                     _ => {}
                 }
             }
@@ -780,12 +945,78 @@ impl<'a> Scenario<'a> {
         }
     }
 
+    /// Wait, for at most `limit`, until `condition` holds of the contender in `slot`.
+    async fn wait_for(
+        &self,
+        slot: usize,
+        limit: Duration,
+        condition: impl Fn(&Seen) -> bool,
+    ) -> bool {
+        let limit = Instant::now() + limit;
+        while Instant::now() < limit {
+            if condition(&self.workers[slot].seen()) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        false
+    }
+
+    /// Have every contender but the one in `slot` stop acquiring (for at
+    /// most 30 s), and wait until none of theirs is under way (a section
+    /// they are in ends first: at most 2 s and its release).
+    async fn hold_back_others(&mut self, slot: usize) -> Result<(), String> {
+        for (i, worker) in self.workers.iter_mut().enumerate() {
+            if i != slot {
+                worker.seen().yielded = false;
+                worker.send("yield 30000").await;
+            }
+        }
+        for i in (0..self.workers.len()).filter(|&i| i != slot) {
+            if !self
+                .wait_for(i, Duration::from_secs(4), |s| s.yielded)
+                .await
+            {
+                return Err(format!(
+                    "contender {} did not yield",
+                    self.workers[i].holder
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Let every contender acquire again.
+    async fn let_others_go(&mut self) {
+        for worker in &mut self.workers {
+            worker.send("yield 0").await;
+        }
+    }
+
+    /// Wait until no request of the contender in `slot` is under way and
+    /// its next renewal is not due soon: its proxy has been quiet for 15 ms,
+    /// but saw traffic (a renewal) within the last ttl/6. Renewals come every
+    /// ttl/3, so the next one is at least ttl/6 away.
+    async fn wait_quiet(&self, slot: usize) -> bool {
+        let proxy = &self.proxies[slot];
+        let recent = us(self.config.ttl / 6);
+        let limit = Instant::now() + self.config.ttl * 2;
+        while Instant::now() < limit {
+            let idle = monotonic_us() - proxy.last_activity_us();
+            if (15_000..=recent).contains(&idle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        false
+    }
+
     async fn run(&mut self) -> Result<Vec<Event>, String> {
         let ttl = self.config.ttl;
         let mut events = Vec::new();
         self.wait_holder().await?;
-        for k in 0..self.config.injections {
-            events.push(self.inject(k).await?);
+        for k in 0..self.config.injections_for(self.fault) {
+            events.extend(self.inject(k).await?);
             // Let the victim's section end by its own length again.
             for worker in &mut self.workers {
                 worker.send("hold 0").await;
@@ -803,22 +1034,26 @@ impl<'a> Scenario<'a> {
         Ok(events)
     }
 
-    async fn inject(&mut self, k: u32) -> Result<Event, String> {
+    /// Inject the fault (its `k`-th time); the events it made (more than one
+    /// where the nemesis tries again after a miss).
+    async fn inject(&mut self, k: u32) -> Result<Vec<Event>, String> {
         let ttl = self.config.ttl;
+        let variant = usize::try_from(k).unwrap_or(0) % self.fault.variants().len();
         let mut event = Event {
-            t: 0,
-            t_lifted: None,
-            victim: None,
-            downtime: None,
+            variant,
+            ..Event::default()
         };
         match self.fault {
             Fault::Kill => {
-                let slot = self.wait_holder().await?;
+                // Held, like every victim: a section that ended between
+                // choosing the victim and killing it would be a miss by chance.
+                let slot = self.victim(ttl * 3).await?;
                 let victim = self.workers[slot].holder.clone();
-                event.t = now_us();
+                event.t = monotonic_us();
                 let _ = self.workers[slot].child.start_kill();
                 let _ = self.workers[slot].child.wait().await;
-                self.killed.insert(victim.clone(), event.t);
+                // Reaped: it cannot have acted after this.
+                self.killed.insert(victim.clone(), monotonic_us());
                 self.workers[slot] = self.spawn(slot)?;
                 self.wait_takeover(&victim, ttl * 3).await;
                 event.victim = Some(victim);
@@ -828,19 +1063,19 @@ impl<'a> Scenario<'a> {
                 let pid = self.workers[slot].child.id().ok_or("victim gone")?;
                 let wakes = self.workers[slot].seen().wakes;
                 event.victim = Some(self.workers[slot].holder.clone());
-                // Even injections: 2.5 ttl, so that the lease has surely
-                // expired and been taken over. Odd ones: 0.6 to 1.4 ttl, around
-                // the holder's local deadline.
-                let pause = if k.is_multiple_of(2) {
+                // Variant 0: 2.5 ttl, so that the lease has surely expired
+                // and been taken over. Variant 1: 0.6 to 1.4 ttl, around the
+                // holder's local deadline.
+                let pause = if variant == 0 {
                     ttl * 5 / 2
                 } else {
                     ttl.mul_f64(0.6 + 0.8 * fraction())
                 };
-                event.t = now_us();
+                event.t = monotonic_us();
                 signal(pid, "STOP");
                 tokio::time::sleep(pause).await;
                 signal(pid, "CONT");
-                event.t_lifted = Some(now_us());
+                event.t_lifted = Some(monotonic_us());
                 let limit = Instant::now() + Duration::from_secs(5);
                 while pause > ttl
                     && Instant::now() < limit
@@ -855,102 +1090,264 @@ impl<'a> Scenario<'a> {
             Fault::ConnKill => {
                 let slot = self.victim(ttl * 3).await?;
                 let victim = self.workers[slot].holder.clone();
-                event.t = now_us();
-                self.kill_connections(slot, &victim).await?;
+                event.t = monotonic_us();
+                event.count = self.kill_connections(slot, &victim).await?;
+                if event.count == 0 {
+                    event.missed = Some("no connection of the holder was killed".to_owned());
+                }
                 event.victim = Some(victim);
                 tokio::time::sleep(ttl * 2).await;
             }
             Fault::Steal => {
                 let slot = self.victim(ttl * 3).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
-                event.t = now_us();
-                self.steal().await?;
+                event.t = monotonic_us();
+                event.count = self.steal().await?;
+                if event.count == 0 {
+                    event.missed = Some("no live lease on the server to steal".to_owned());
+                }
                 tokio::time::sleep(ttl * 2).await;
             }
             Fault::Latency => {
                 let slot = self.victim(ttl * 4).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
-                event.t = now_us();
-                let delay = if k.is_multiple_of(2) {
-                    ttl / 6
-                } else {
-                    ttl / 12
-                };
-                for proxy in &self.proxies {
-                    proxy.set_mode(Mode::Delay(delay));
+                event.t = monotonic_us();
+                let delay = if variant == 1 { ttl / 12 } else { ttl / 6 };
+                for (i, proxy) in self.proxies.iter().enumerate() {
+                    if variant != 2 || i == slot {
+                        proxy.set_mode(Mode::Delay(delay));
+                    }
                 }
                 tokio::time::sleep(ttl * 3).await;
                 for proxy in &self.proxies {
                     proxy.set_mode(Mode::Pass);
                 }
-                event.t_lifted = Some(now_us());
+                event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl / 2).await;
             }
             Fault::BlackHole => {
                 let slot = self.victim(ttl * 5).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
-                event.t = now_us();
+                event.t = monotonic_us();
                 self.proxies[slot].set_mode(Mode::BlackHole);
                 tokio::time::sleep(ttl * 2).await;
                 self.proxies[slot].set_mode(Mode::Pass);
-                event.t_lifted = Some(now_us());
+                event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl).await;
+            }
+            Fault::BlackHoleConn => {
+                return self.black_hole_connections(event).await.map(|e| vec![e]);
             }
             Fault::Reset => {
                 let slot = self.victim(ttl * 3).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
-                event.t = now_us();
-                for proxy in &self.proxies {
-                    proxy.reset();
+                event.t = monotonic_us();
+                if !breaks::on("kill-nothing") {
+                    for (i, proxy) in self.proxies.iter().enumerate() {
+                        let reset = proxy.reset();
+                        if i == slot {
+                            event.count = reset;
+                        }
+                    }
+                }
+                if event.count == 0 {
+                    event.missed = Some("no connection of the holder was reset".to_owned());
                 }
                 tokio::time::sleep(ttl * 2).await;
             }
+            Fault::LateRelease => return self.late_releases().await,
             Fault::Restart | Fault::RestartNoPersistence => {
                 let slot = self.victim(ttl * 4).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
-                event.t = now_us();
-                let down = if k.is_multiple_of(2) {
+                event.t = monotonic_us();
+                let down = if variant == 0 {
                     ttl * 3 / 2
                 } else {
                     Duration::ZERO
                 };
                 let down = self.server.restart_after(down).await?;
                 event.downtime = Some(down);
-                event.t_lifted = Some(now_us());
+                event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl * 2).await;
             }
         }
+        Ok(vec![event])
+    }
+
+    /// `late-release`, tried up to three times until it happens: the
+    /// holder's release is stalled in the network, the same holder acquires
+    /// the name again, then the stalled release is delivered.
+    async fn late_releases(&mut self) -> Result<Vec<Event>, String> {
+        let ttl = self.config.ttl;
+        // Statements get prepared (and Redis scripts loaded) by their first
+        // use: let a few releases happen first, so that a stalled release is
+        // the statement itself, not its preparation.
+        let limit = Instant::now() + ttl * 15;
+        while self.workers.iter().map(|w| w.seen().releases).sum::<u64>() < 3
+            && Instant::now() < limit
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut events = Vec::new();
+        for _ in 0..3 {
+            let event = self.late_release().await?;
+            let happened = event.missed.is_none();
+            events.push(event);
+            if happened {
+                break;
+            }
+        }
+        Ok(events)
+    }
+
+    async fn late_release(&mut self) -> Result<Event, String> {
+        let ttl = self.config.ttl;
+        let mut event = Event::default();
+        let slot = self.victim(ttl * 10).await?;
+        let victim = self.workers[slot].holder.clone();
+        event.victim = Some(victim.clone());
+        let (old_fence, acquisitions) = {
+            let seen = self.workers[slot].seen();
+            (seen.fence, seen.acquisitions)
+        };
+        // Nobody else may take the name: the same holder must get it back.
+        self.hold_back_others(slot).await?;
+        // A request under way now (a renewal, or the ping after it) would
+        // run into the stall instead of the release. Best effort: what was
+        // stalled is checked below.
+        self.wait_quiet(slot).await;
+        self.workers[slot].send("end-gated").await;
+        if !self
+            .wait_for(slot, Duration::from_secs(3), |s| s.releasing)
+            .await
+        {
+            return Err(format!("{victim} did not get ready to release"));
+        }
+        event.t = monotonic_us();
+        let backend = self.backend;
+        self.proxies[slot].stall_requests(move |chunk| executes(backend, chunk));
+        self.workers[slot].send("go").await;
+        // The release gives up (or, on Redis, is retried on a new
+        // connection); the engine keeps the name for a ttl after an
+        // unconfirmed release; then the holder acquires it again.
+        let released = self
+            .wait_for(slot, ttl * 3, |s| {
+                s.last_release.is_some_and(|(sent, _, _)| sent >= event.t)
+            })
+            .await;
+        let acquired = self
+            .wait_for(slot, ttl * 4, |s| s.acquisitions > acquisitions)
+            .await;
+        if acquired {
+            // Keep the newer lease while the old release lands.
+            self.workers[slot]
+                .send(&format!("hold {}", (ttl * 3).as_millis()))
+                .await;
+        }
+        let new_fence = self.workers[slot].seen().fence;
+        let held = self.proxies[slot].deliver_stalled();
+        event.t_lifted = Some(monotonic_us());
+        // The others contend again: if the late release ended the newer
+        // lease, one of them takes it while the holder still believes.
+        self.let_others_go().await;
+        let release = self.workers[slot].seen().last_release;
+        let landed = |r: &StalledRequest| {
+            release.is_some_and(|(sent, done, _)| sent <= r.first_at_us && r.first_at_us <= done)
+                && executes(self.backend, &r.bytes)
+        };
+        event.count = held.iter().filter(|r| landed(r)).count();
+        if event.missed.is_none() {
+            event.missed = if !released {
+                Some("the holder did not release".to_owned())
+            } else if !acquired {
+                Some("the holder did not acquire again".to_owned())
+            } else if event.count == 0 {
+                Some(format!(
+                    "no release was stalled ({} connection(s) held other requests)",
+                    held.len()
+                ))
+            } else {
+                None
+            };
+        }
+        event.fences = Some((old_fence, new_fence));
+        tokio::time::sleep(ttl * 2).await;
         Ok(event)
     }
 
-    /// Kill every server connection of the holder in `slot`.
-    async fn kill_connections(&self, slot: usize, holder: &str) -> Result<(), String> {
+    /// `black-hole-conn`: the holder's established connections go silent
+    /// for good; then, with the others held back, it ends its section and
+    /// must acquire again.
+    async fn black_hole_connections(&mut self, mut event: Event) -> Result<Event, String> {
+        let ttl = self.config.ttl;
+        let slot = self.victim(ttl * 10).await?;
+        event.victim = Some(self.workers[slot].holder.clone());
+        event.t = monotonic_us();
+        event.count = self.proxies[slot].black_hole_open();
+        if event.count == 0 {
+            event.missed = Some("the holder had no connection open".to_owned());
+        }
+        // Kept, or lost at the deadline and taken over by another.
+        tokio::time::sleep(ttl * 2).await;
+        self.hold_back_others(slot).await?;
+        let acquisitions = self.workers[slot].seen().acquisitions;
+        let ended = Instant::now();
+        self.workers[slot].send("end").await;
+        let acquired = self
+            .wait_for(slot, ttl * 4, |s| s.acquisitions > acquisitions)
+            .await;
+        event.reacquired_after = Some(acquired.then(|| ended.elapsed()));
+        event.t_lifted = Some(monotonic_us());
+        self.let_others_go().await;
+        tokio::time::sleep(ttl).await;
+        Ok(event)
+    }
+
+    /// Kill every server connection of the holder in `slot`; how many were killed.
+    async fn kill_connections(&self, slot: usize, holder: &str) -> Result<usize, String> {
         let err = |e: &dyn std::fmt::Display| format!("kill connections: {e}");
-        match self.backend {
+        // The `kill-nothing` break aims at nobody.
+        let (holder, user) = if breaks::on("kill-nothing") {
+            ("nobody".to_owned(), "nobody".to_owned())
+        } else {
+            (holder.to_owned(), format!("w{slot}"))
+        };
+        let killed = match self.backend {
             BackendKind::PgTable | BackendKind::PgAdvisory => {
                 let mut conn = sqlx::PgConnection::connect(&self.server.url())
                     .await
                     .map_err(|e| err(&e))?;
-                sqlx::query(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                let killed: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
+                     FROM pg_stat_activity WHERE application_name = $1",
                 )
-                .bind(holder)
-                .execute(&mut conn)
+                .bind(&holder)
+                .fetch_one(&mut conn)
                 .await
                 .map_err(|e| err(&e))?;
                 let _ = conn.close().await;
+                usize::try_from(killed).unwrap_or(0)
             }
             BackendKind::MySqlTable => {
                 let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
                     .await
                     .map_err(|e| err(&e))?;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "KILL CONNECTION USER 'w{slot}'"
-                )))
-                .execute(&mut conn)
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST WHERE USER = ?",
+                )
+                .bind(&user)
+                .fetch_all(&mut conn)
                 .await
                 .map_err(|e| err(&e))?;
+                let mut killed = 0;
+                for id in ids {
+                    let kill = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                        .execute(&mut conn)
+                        .await;
+                    killed += usize::from(kill.is_ok());
+                }
                 let _ = conn.close().await;
+                killed
             }
             BackendKind::Redis => {
                 let client = redis::Client::open(self.server.url()).map_err(|e| err(&e))?;
@@ -964,48 +1361,58 @@ impl<'a> Scenario<'a> {
                     .await
                     .map_err(|e| err(&e))?;
                 let name = format!("name={holder}");
+                let mut killed = 0;
                 for line in list.lines().filter(|l| l.split(' ').any(|f| f == name)) {
                     if let Some(id) = line.split(' ').find_map(|f| f.strip_prefix("id=")) {
-                        let _: Result<i64, _> = redis::cmd("CLIENT")
+                        let kill: Result<i64, _> = redis::cmd("CLIENT")
                             .arg("KILL")
                             .arg("ID")
                             .arg(id)
                             .query_async(&mut conn)
                             .await;
+                        killed += usize::try_from(kill.unwrap_or(0)).unwrap_or(0);
                     }
                 }
+                killed
             }
-        }
-        Ok(())
+        };
+        Ok(killed)
     }
 
-    /// End the lease on the server, behind its holder's back.
-    async fn steal(&self) -> Result<(), String> {
+    /// End the lease on the server, behind its holder's back; how many
+    /// live leases (rows, keys) it ended.
+    async fn steal(&self) -> Result<usize, String> {
         let err = |e: &dyn std::fmt::Display| format!("steal: {e}");
-        match self.backend {
+        let stolen = match self.backend {
             BackendKind::PgTable => {
                 let mut conn = sqlx::PgConnection::connect(&self.server.url())
                     .await
                     .map_err(|e| err(&e))?;
-                sqlx::query(
-                    "UPDATE task_leases SET expires_at = clock_timestamp() WHERE name = $1",
+                let done = sqlx::query(
+                    "UPDATE task_leases SET expires_at = clock_timestamp() \
+                     WHERE name = $1 AND expires_at > clock_timestamp()",
                 )
                 .bind(&self.name)
                 .execute(&mut conn)
                 .await
                 .map_err(|e| err(&e))?;
                 let _ = conn.close().await;
+                done.rows_affected()
             }
             BackendKind::MySqlTable => {
                 let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
                     .await
                     .map_err(|e| err(&e))?;
-                sqlx::query("UPDATE task_leases SET expires_at = UTC_TIMESTAMP(6) WHERE name = ?")
-                    .bind(self.name.as_bytes())
-                    .execute(&mut conn)
-                    .await
-                    .map_err(|e| err(&e))?;
+                let done = sqlx::query(
+                    "UPDATE task_leases SET expires_at = UTC_TIMESTAMP(6) \
+                     WHERE name = ? AND expires_at > UTC_TIMESTAMP(6)",
+                )
+                .bind(self.name.as_bytes())
+                .execute(&mut conn)
+                .await
+                .map_err(|e| err(&e))?;
                 let _ = conn.close().await;
+                done.rows_affected()
             }
             BackendKind::Redis => {
                 let pool = deadpool_redis::Config::from_url(self.server.url())
@@ -1013,15 +1420,16 @@ impl<'a> Scenario<'a> {
                     .map_err(|e| err(&e))?;
                 let key = Redis::new(pool.clone()).lock_key(&self.name);
                 let mut conn = pool.get().await.map_err(|e| err(&e))?;
-                redis::cmd("DEL")
+                let deleted: i64 = redis::cmd("DEL")
                     .arg(key)
-                    .query_async::<i64>(&mut conn)
+                    .query_async(&mut conn)
                     .await
                     .map_err(|e| err(&e))?;
+                u64::try_from(deleted).unwrap_or(0)
             }
             BackendKind::PgAdvisory => return Err("no steal for advisory locks".to_owned()),
-        }
-        Ok(())
+        };
+        Ok(usize::try_from(stolen).unwrap_or(usize::MAX))
     }
 
     /// Stop every contender (they finish their section) and wait for them.
@@ -1048,9 +1456,17 @@ impl<'a> Scenario<'a> {
 
     async fn analyse(&self, events: &[Event]) -> Result<ScenarioResult, RunError> {
         let failed = |e: sqlx::Error| RunError::Failed(format!("checker: {e}"));
-        let sections = self.checker.sections(&self.key).await.map_err(failed)?;
+        let mut sections = self.checker.sections(&self.key).await.map_err(failed)?;
         let writes = self.checker.writes(&self.key).await.map_err(failed)?;
         let resource = self.checker.resource(&self.key).await.map_err(failed)?;
+        // A grant is valid from when its answer left the server — seen by
+        // the contender's proxy before the contender got it (later, by the
+        // proxy's delay under the latency fault).
+        for s in &mut sections {
+            if let Some(&slot) = self.slots.get(&s.holder) {
+                s.t_granted = self.proxies[slot].last_reply_between(s.t_req, s.t_start);
+            }
+        }
         Ok(analyse(
             self.config,
             self.backend,
@@ -1064,9 +1480,9 @@ impl<'a> Scenario<'a> {
     }
 }
 
-/// Where section `s`'s valid interval ends: its last valid check; for a
-/// section that never ended, the moment its process was killed (the
-/// latest it could have acted).
+/// Where section `s`'s valid interval ends: the last instant its holder
+/// found it valid; for a section that never ended, the moment its process
+/// was reaped after the kill (the latest it could have acted).
 fn valid_until(s: &Section, killed: &HashMap<String, i64>, ttl: Duration) -> Option<i64> {
     match s.t_end {
         Some(_) => s.t_last_valid,
@@ -1077,6 +1493,12 @@ fn valid_until(s: &Section, killed: &HashMap<String, i64>, ttl: Duration) -> Opt
                 .unwrap_or(s.t_start + us(ttl)),
         ),
     }
+}
+
+/// Where section `s`'s valid interval starts: when the grant's answer left
+/// the server, if the proxy saw it, else when the acquisition returned.
+fn valid_from(s: &Section) -> i64 {
+    s.t_granted.unwrap_or(s.t_start)
 }
 
 /// The section of `victim` that was running at `t`.
@@ -1121,11 +1543,13 @@ fn analyse(
             writes.iter().filter(|w| w.accepted).count(),
             writes.iter().filter(|w| !w.accepted).count(),
         ),
-        valid_rejected: writes
-            .iter()
-            .filter(|w| w.client_valid && !w.accepted)
-            .count(),
+        valid_rejected: 0,
         fence_reissues: 0,
+        connections: 0,
+        late_releases: (0, 0),
+        reacquires: Vec::new(),
+        variants: vec![(0, 0); fault.variants().len()],
+        miss_reasons: Vec::new(),
         takeovers: Vec::new(),
         cancels: Vec::new(),
         wakes: Vec::new(),
@@ -1150,7 +1574,7 @@ fn analyse(
         .iter()
         .filter_map(|s| {
             let until = valid_until(s, killed, ttl)?;
-            (until >= s.t_start).then_some((s.holder.as_str(), s.t_start, until))
+            (until >= valid_from(s)).then_some((s.holder.as_str(), valid_from(s), until))
         })
         .collect();
     for (i, a) in intervals.iter().enumerate() {
@@ -1197,16 +1621,64 @@ fn analyse(
         }
     }
 
+    // Writes rejected although their holder's lease was valid from before
+    // the write until after it returned, so while it was applied: another
+    // holder had written with a newer fence while this one was valid.
+    // Only a revocation can explain that, and only for its victim until it
+    // learns of it (one renewal period).
+    let revoked = |w: &Write| {
+        fault.revokes(backend)
+            && events.iter().any(|e| {
+                e.victim.as_deref() == Some(w.holder.as_str())
+                    && e.t <= w.t_client
+                    && w.t_client <= e.t + us(config.cancel_bound())
+            })
+    };
+    let valid_rejected: Vec<&Write> = writes
+        .iter()
+        .filter(|w| !w.accepted && w.valid_after == Some(true))
+        .collect();
+    r.valid_rejected = valid_rejected.len();
+    if backend.fenced() && fault != Fault::RestartNoPersistence {
+        let unexplained = valid_rejected.iter().filter(|w| !revoked(w)).count();
+        if unexplained > 0 {
+            r.failures.push(format!(
+                "{unexplained} writes rejected while their holder's lease was valid"
+            ));
+        }
+        if r.fence_reissues > 0 {
+            r.failures.push(format!(
+                "{} acquisitions got a fence not above an earlier holder's",
+                r.fence_reissues
+            ));
+        }
+    }
+
     // Per injection.
     for (i, e) in events.iter().enumerate() {
         let Some(victim) = e.victim.as_deref() else {
             continue;
         };
+        if let Some(reason) = &e.missed {
+            r.misses += 1;
+            r.miss_reasons.push(reason.clone());
+            continue;
+        }
         // What happened after this injection and before the next one is its doing.
         let next = events.get(i + 1).map_or(i64::MAX, |n| n.t);
         let ours = |t: i64| e.t <= t && t < next;
+        if fault == Fault::LateRelease {
+            late_release(config, &mut r, e, victim, sections);
+            continue;
+        }
         let Some(section) = section_at(sections, victim, e.t) else {
+            // Every victim promised to hold (and said so) before the fault.
             r.misses += 1;
+            r.miss_reasons
+                .push("no section of the victim's in the log".to_owned());
+            r.failures.push(format!(
+                "the fault landed on {victim} while it held, but no section of its in the log covers it"
+            ));
             continue;
         };
         // A pause longer than 2 ttl: the lease has surely been taken over.
@@ -1219,9 +1691,12 @@ fn analyse(
         };
         if !hit {
             r.misses += 1;
+            r.miss_reasons
+                .push("the victim's section had ended".to_owned());
             continue;
         }
         r.hits += 1;
+        r.connections += e.count;
         let takeover = sections
             .iter()
             .filter(|s| s.holder != victim && ours(s.t_start))
@@ -1236,6 +1711,10 @@ fn analyse(
             Fault::Stop => long_pause,
             _ => cancel.is_some(),
         };
+        if let Some(v) = r.variants.get_mut(e.variant) {
+            v.0 += 1;
+            v.1 += u32::from(lost);
+        }
         if let Some(t) = takeover.filter(|_| lost) {
             r.takeovers.push(dur(t));
         }
@@ -1320,13 +1799,40 @@ fn analyse(
                         )),
                     }
                 }
+                // Documented as "lease kept": the renewal is retried on a
+                // new connection long before the deadline.
+                if matches!(fault, Fault::ConnKill | Fault::Reset)
+                    && !fault.revokes(backend)
+                    && let Some(c) = cancel
+                {
+                    r.failures.push(format!(
+                        "{}: the lease was lost ({c:?} after the fault); it must be kept",
+                        fault.as_str()
+                    ));
+                }
+                if fault == Fault::BlackHoleConn {
+                    black_hole_conn(config, &mut r, e, cancel, takeover, backend);
+                }
             }
         }
     }
 
+    // Every documented variant of the fault must have landed.
+    for (name, (landed, _)) in fault.variants().iter().zip(&r.variants) {
+        if *landed == 0 && r.hits > 0 && !name.is_empty() {
+            r.failures
+                .push(format!("the variant \"{name}\" never landed"));
+        }
+    }
     if r.hits == 0 {
-        r.failures
-            .push("no injection landed on a holder".to_owned());
+        r.failures.push(format!(
+            "the fault never happened ({})",
+            if r.miss_reasons.is_empty() {
+                "no injection".to_owned()
+            } else {
+                r.miss_reasons.join("; ")
+            }
+        ));
     }
     if r.completed == 0 {
         r.failures.push("no critical section completed".to_owned());
@@ -1352,6 +1858,94 @@ fn analyse(
         ));
     }
     r
+}
+
+/// One `late-release` injection that happened: the victim's release was
+/// stalled, it acquired the name again, then the release was delivered.
+/// Its newer lease must be kept: the old release concerns another
+/// acquisition.
+fn late_release(
+    config: &Config,
+    r: &mut ScenarioResult,
+    e: &Event,
+    victim: &str,
+    sections: &[Section],
+) {
+    r.hits += 1;
+    r.connections += e.count;
+    if let Some(v) = r.variants.get_mut(e.variant) {
+        v.0 += 1;
+    }
+    let (old, new) = e.fences.unwrap_or_default();
+    r.late_releases.0 += 1;
+    if new <= old {
+        r.failures.push(format!(
+            "late-release: the holder's acquisition after its release got fence {new}, not above {old}"
+        ));
+    }
+    let lifted = e.t_lifted.unwrap_or(e.t);
+    // The newer section: acquired before the delivery, held across it.
+    let Some(newer) = sections
+        .iter()
+        .rfind(|s| s.holder == victim && s.fence == Some(new) && s.t_start <= lifted)
+    else {
+        r.failures
+            .push("late-release: the holder's newer section is not in the log".to_owned());
+        return;
+    };
+    let kept = newer.t_cancel.is_none() && newer.valid_end != Some(false);
+    r.cancels.push(newer.t_cancel.map(|c| dur(c - lifted)));
+    if kept {
+        r.late_releases.1 += 1;
+    } else {
+        r.failures.push(format!(
+            "late-release: the newer lease was lost {:?} after the old release was delivered",
+            newer.t_cancel.map(|c| dur(c - lifted))
+        ));
+    }
+    // It was held (3 ttl) well past the delivery.
+    if newer.t_end.is_some_and(|end| end < lifted + us(config.ttl)) {
+        r.failures
+            .push("late-release: the newer section ended within a ttl of the delivery".to_owned());
+    }
+}
+
+/// One `black-hole-conn` injection that happened: the lease is kept, or
+/// lost at its deadline and taken over within the takeover bound; either
+/// way the holder acquires again within [`Config::reconnect_bound`].
+fn black_hole_conn(
+    config: &Config,
+    r: &mut ScenarioResult,
+    e: &Event,
+    cancel: Option<Duration>,
+    takeover: Option<i64>,
+    backend: BackendKind,
+) {
+    if let Some(c) = cancel {
+        if c > config.deadline_bound() {
+            r.failures.push(format!(
+                "black-hole-conn: the victim's token was cancelled after {c:?}, bound {:?}",
+                config.deadline_bound()
+            ));
+        }
+        match takeover {
+            Some(t) if dur(t) <= config.takeover_bound(backend) => {}
+            other => r.failures.push(format!(
+                "black-hole-conn: the lost lease was taken over after {:?}, bound {:?}",
+                other.map(dur),
+                config.takeover_bound(backend)
+            )),
+        }
+    }
+    let again = e.reacquired_after.flatten();
+    r.reacquires.push(again);
+    match again {
+        Some(t) if t <= config.reconnect_bound() => {}
+        other => r.failures.push(format!(
+            "black-hole-conn: the holder acquired again after {other:?}, bound {:?}",
+            config.reconnect_bound()
+        )),
+    }
 }
 
 #[cfg(test)]

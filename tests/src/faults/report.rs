@@ -115,23 +115,34 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "\nttl {} ms, {} contender processes per scenario, {} injection(s) per backend × fault, \
-             timing slack {} ms, sqlx pools with test_before_acquire({}); the run took {:.0} s.\n",
+            "\nttl {} ms, {} contender processes per scenario, {} injection(s) per backend × fault \
+             (at least one per variant of a fault), timing slack {} ms, sqlx pools with \
+             test_before_acquire({}){}; the run took {:.0} s.\n",
             c.ttl.as_millis(),
             c.workers,
             c.injections,
             c.slack.as_millis(),
             c.pool_ping,
+            if super::breaks::active().is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; **deliberately broken: {}={}**",
+                    super::breaks::VAR,
+                    super::breaks::active()
+                )
+            },
             self.elapsed.as_secs_f64()
         );
         let _ = writeln!(
             s,
             "| backend | fault | injections landed (missed) | critical sections completed (all) \
              | overlaps between valid holders (longest, ms) | stale-fence writes accepted \
+             | fences handed out again / valid holders' writes rejected \
              | takeover after the fault, ms: median / max (bound) \
-             | fault → holder's token cancelled, ms: max (bound) | woken holder (SIGSTOP) | result |"
+             | fault → holder's token cancelled, ms: max (bound) | what the fault did | result |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &self.results {
             let _ = writeln!(s, "{}", self.row(r));
         }
@@ -147,7 +158,12 @@ impl Report {
         let notes: Vec<String> = self
             .results
             .iter()
-            .filter(|r| r.fence_reissues > 0 || r.valid_rejected > 0 || !r.downtimes.is_empty())
+            .filter(|r| {
+                r.fence_reissues > 0
+                    || r.valid_rejected > 0
+                    || !r.downtimes.is_empty()
+                    || !r.miss_reasons.is_empty()
+            })
             .map(|r| {
                 let mut parts = Vec::new();
                 if !r.downtimes.is_empty() {
@@ -155,6 +171,9 @@ impl Report {
                         "server down {} ms (max)",
                         max(r.downtimes.clone()).map_or_else(String::new, ms)
                     ));
+                }
+                if !r.miss_reasons.is_empty() {
+                    parts.push(format!("missed injections: {}", r.miss_reasons.join("; ")));
                 }
                 if r.fence_reissues > 0 {
                     parts.push(format!(
@@ -164,7 +183,7 @@ impl Report {
                 }
                 if r.valid_rejected > 0 {
                     parts.push(format!(
-                        "{} writes rejected although the writer believed its lease valid",
+                        "{} writes rejected while the writer's lease was valid",
                         r.valid_rejected
                     ));
                 }
@@ -218,7 +237,9 @@ impl Report {
             "—".to_owned()
         } else {
             let bound = match r.fault {
-                Fault::Kill | Fault::Stop => format!(" (≤ {})", ms(c.takeover_bound(r.backend))),
+                Fault::Kill | Fault::Stop | Fault::BlackHoleConn => {
+                    format!(" (≤ {})", ms(c.takeover_bound(r.backend)))
+                }
                 _ => String::new(),
             };
             format!(
@@ -233,7 +254,9 @@ impl Report {
             let cancelled: Vec<Duration> = r.cancels.iter().flatten().copied().collect();
             let kept = r.cancels.len() - cancelled.len();
             let bound = match r.fault {
-                Fault::BlackHole => format!(" (≤ {})", ms(c.deadline_bound())),
+                Fault::BlackHole | Fault::BlackHoleConn => {
+                    format!(" (≤ {})", ms(c.deadline_bound()))
+                }
                 Fault::RestartNoPersistence => String::new(),
                 f if f.revokes(r.backend) => format!(" (≤ {})", ms(c.cancel_bound())),
                 _ => String::new(),
@@ -248,35 +271,12 @@ impl Report {
                 ),
             }
         };
-        let woken = if r.wakes.is_empty() {
-            "—".to_owned()
+        let fencing = if r.backend.fenced() {
+            format!("{} / {}", r.fence_reissues, r.valid_rejected)
         } else {
-            let n = r.wakes.len();
-            let invalid = r.wakes.iter().filter(|w| !w.valid).count();
-            let at_once = r.wakes.iter().filter(|w| w.cancelled_at_once).count();
-            let cancel = r.wakes.iter().filter_map(|w| w.cancel_after).max();
-            let long = r.wakes.iter().filter(|w| w.long).count();
-            let rejected = r
-                .wakes
-                .iter()
-                .filter(|w| w.long && w.write_accepted == Some(false))
-                .count();
-            let fence = if r.backend.fenced() {
-                format!(", old-fence write rejected {rejected}/{long} (after 2.5 ttl)")
-            } else {
-                ", no fence to write with".to_owned()
-            };
-            format!(
-                "is_valid() false {invalid}/{n}; token cancelled ≤ {} ms after waking \
-                 (already at once {at_once}/{n}){fence}{}",
-                cancel.map_or_else(|| "?".to_owned(), ms),
-                if r.short_pauses > 0 {
-                    format!("; {} pauses of 0.6–1.4 ttl", r.short_pauses)
-                } else {
-                    String::new()
-                }
-            )
+            "n/a".to_owned()
         };
+        let did = self.what_the_fault_did(r);
         let result = if !r.failures.is_empty() {
             "**FAIL**"
         } else if r.fault == Fault::RestartNoPersistence {
@@ -287,7 +287,7 @@ impl Report {
             "pass"
         };
         format!(
-            "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
             r.backend.type_name(),
             r.fault.as_str(),
             r.hits,
@@ -296,10 +296,96 @@ impl Report {
             r.sections,
             overlaps,
             stale,
+            fencing,
             takeover,
             cancel,
-            woken,
+            did,
             result
+        )
+    }
+
+    /// The fault-specific column: what the nemesis did and what it saw.
+    fn what_the_fault_did(&self, r: &ScenarioResult) -> String {
+        let c = &self.config;
+        let kept = r.cancels.iter().filter(|c| c.is_none()).count();
+        let per_variant = || {
+            r.fault
+                .variants()
+                .iter()
+                .zip(&r.variants)
+                .map(|(name, (landed, lost))| format!("{name}: lease lost {lost}/{landed}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        match r.fault {
+            Fault::Kill => "—".to_owned(),
+            Fault::Stop => self.woken(r),
+            Fault::ConnKill => format!(
+                "{} connection(s) killed; lease kept {kept}/{}",
+                r.connections,
+                r.cancels.len()
+            ),
+            Fault::Reset => format!(
+                "{} of the holder's connection(s) reset; lease kept {kept}/{}",
+                r.connections,
+                r.cancels.len()
+            ),
+            Fault::Steal => format!("{} live lease(s) ended on the server", r.connections),
+            Fault::Latency | Fault::Restart | Fault::RestartNoPersistence => per_variant(),
+            Fault::BlackHole => "—".to_owned(),
+            Fault::BlackHoleConn => {
+                let again: Vec<Duration> = r.reacquires.iter().flatten().copied().collect();
+                format!(
+                    "{} connection(s) black-holed for good; lease kept {kept}/{}; \
+                     acquired again {}/{} within {} ms of ending its section (≤ {})",
+                    r.connections,
+                    r.cancels.len(),
+                    again.len(),
+                    r.reacquires.len(),
+                    max(again).map_or_else(|| "—".to_owned(), ms),
+                    ms(c.reconnect_bound())
+                )
+            }
+            Fault::LateRelease => format!(
+                "stalled release delivered after the same holder's new acquisition {}/{}; \
+                 newer lease kept {}/{}",
+                r.late_releases.0,
+                r.hits + r.misses,
+                r.late_releases.1,
+                r.late_releases.0
+            ),
+        }
+    }
+
+    /// What the holders woken from `SIGSTOP` saw.
+    fn woken(&self, r: &ScenarioResult) -> String {
+        if r.wakes.is_empty() {
+            return "—".to_owned();
+        }
+        let n = r.wakes.len();
+        let invalid = r.wakes.iter().filter(|w| !w.valid).count();
+        let at_once = r.wakes.iter().filter(|w| w.cancelled_at_once).count();
+        let cancel = r.wakes.iter().filter_map(|w| w.cancel_after).max();
+        let long = r.wakes.iter().filter(|w| w.long).count();
+        let rejected = r
+            .wakes
+            .iter()
+            .filter(|w| w.long && w.write_accepted == Some(false))
+            .count();
+        let fence = if r.backend.fenced() {
+            format!(", old-fence write rejected {rejected}/{long} (after 2.5 ttl)")
+        } else {
+            ", no fence to write with".to_owned()
+        };
+        format!(
+            "woken: is_valid() false {invalid}/{n}; token cancelled ≤ {} ms after waking \
+             (already at once {at_once}/{n}){fence}{}",
+            cancel.map_or_else(|| "?".to_owned(), ms),
+            if r.short_pauses > 0 {
+                format!("; {} pauses of 0.6–1.4 ttl", r.short_pauses)
+            } else {
+                String::new()
+            }
         )
     }
 

@@ -11,7 +11,9 @@ fn section(holder: &str, fence: i64, start_ms: i64, valid_until_ms: Option<i64>)
     Section {
         holder: holder.to_owned(),
         fence: Some(fence),
+        t_req: start_ms * 1000,
         t_start: start_ms * 1000,
+        t_granted: None,
         t_last_valid: valid_until_ms.map(|t| t * 1000),
         t_end: Some(valid_until_ms.unwrap_or(start_ms) * 1000 + 1),
         valid_end: Some(valid_until_ms.is_some()),
@@ -28,21 +30,39 @@ fn write(holder: &str, fence: i64, accepted: bool) -> Write {
     Write {
         holder: holder.to_owned(),
         fence,
-        client_valid: true,
+        valid_after: Some(false),
         accepted,
+        t_client: 0,
     }
 }
 
 fn kill_event(victim: &str, at_ms: i64) -> Event {
     Event {
         t: at_ms * 1000,
-        t_lifted: None,
         victim: Some(victim.to_owned()),
-        downtime: None,
+        ..Event::default()
     }
 }
 
 fn run(
+    fault: Fault,
+    killed: &[(&str, i64)],
+    events: &[Event],
+    sections: &[Section],
+    writes: &[Write],
+) -> ScenarioResult {
+    run_on(
+        BackendKind::PgTable,
+        fault,
+        killed,
+        events,
+        sections,
+        writes,
+    )
+}
+
+fn run_on(
+    backend: BackendKind,
     fault: Fault,
     killed: &[(&str, i64)],
     events: &[Event],
@@ -65,7 +85,7 @@ fn run(
         });
     analyse(
         &config(),
-        BackendKind::PgTable,
+        backend,
         fault,
         &killed,
         events,
@@ -256,4 +276,264 @@ fn a_cancellation_belongs_to_the_injection_just_before_it() {
     let r = run(Fault::Restart, &[], &events, &[s], &[]);
     assert_eq!(r.hits, 2);
     assert_eq!(r.cancels, vec![None, Some(Duration::from_millis(900))]);
+}
+
+fn failed(r: &ScenarioResult, what: &str) -> bool {
+    r.failures.iter().any(|f| f.contains(what))
+}
+
+/// A write by `holder`, rejected although its lease was valid all along.
+fn valid_but_rejected(holder: &str, fence: i64, at_ms: i64) -> Write {
+    Write {
+        valid_after: Some(true),
+        t_client: at_ms * 1000,
+        ..write(holder, fence, false)
+    }
+}
+
+#[test]
+fn a_valid_holders_rejected_write_fails_the_run_unless_a_revocation_explains_it() {
+    let sections = [
+        section("a", 1, 0, Some(500)),
+        section("b", 2, 600, Some(900)),
+    ];
+    let writes = [write("b", 2, true), valid_but_rejected("a", 1, 700)];
+    let r = run(Fault::Latency, &[], &[], &sections, &writes);
+    assert_eq!(r.valid_rejected, 1);
+    assert!(
+        failed(&r, "rejected while their holder's lease was valid"),
+        "{:?}",
+        r.failures
+    );
+
+    // A steal of a's lease at 650 ms: a learns it at its next renewal.
+    let steal = kill_event("a", 650);
+    let r = run(
+        Fault::Steal,
+        &[],
+        std::slice::from_ref(&steal),
+        &sections,
+        &writes,
+    );
+    assert!(!failed(&r, "rejected while"), "{:?}", r.failures);
+    // But not a second later, and not for another holder.
+    let late = [write("b", 2, true), valid_but_rejected("a", 1, 1700)];
+    let r = run(Fault::Steal, &[], &[steal], &sections, &late);
+    assert!(failed(&r, "rejected while"), "{:?}", r.failures);
+    // Without persistence, the fence counter restarts: reported only.
+    let r = run(Fault::RestartNoPersistence, &[], &[], &sections, &writes);
+    assert!(!failed(&r, "rejected while"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_fence_handed_out_again_fails_the_run_unless_the_server_forgot() {
+    let sections = [
+        section("a", 5, 0, Some(10)),
+        section("b", 6, 20, Some(30)),
+        section("a", 5, 40, Some(50)),
+    ];
+    let r = run(Fault::Kill, &[], &[], &sections, &[]);
+    assert_eq!(r.fence_reissues, 1);
+    assert!(
+        failed(&r, "not above an earlier holder's"),
+        "{:?}",
+        r.failures
+    );
+    let r = run(Fault::RestartNoPersistence, &[], &[], &sections, &[]);
+    assert!(!failed(&r, "not above"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_fault_that_did_not_happen_is_a_miss_and_fails_the_run_alone() {
+    let sections = [section("a", 1, 0, Some(3000))];
+    let mut event = kill_event("a", 100);
+    event.missed = Some("no connection of the holder was killed".to_owned());
+    let r = run(Fault::ConnKill, &[], &[event], &sections, &[]);
+    assert_eq!((r.hits, r.misses), (0, 1));
+    assert!(
+        failed(&r, "never happened (no connection"),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn a_lease_lost_to_conn_kill_or_reset_is_a_failure_except_for_advisory_locks() {
+    let mut s = section("a", 1, 0, Some(400));
+    s.t_cancel = Some(450_000);
+    let mut event = kill_event("a", 100);
+    event.count = 2;
+    for fault in [Fault::ConnKill, Fault::Reset] {
+        let r = run(fault, &[], &[event.clone()], &[s.clone()], &[]);
+        assert_eq!(r.connections, 2);
+        assert!(failed(&r, "it must be kept"), "{:?}", r.failures);
+        let r = run_on(
+            BackendKind::PgAdvisory,
+            fault,
+            &[],
+            &[event.clone()],
+            &[s.clone()],
+            &[],
+        );
+        assert!(!failed(&r, "it must be kept"), "{:?}", r.failures);
+    }
+}
+
+#[test]
+fn every_variant_of_a_fault_must_land() {
+    let sections = [section("a", 1, 0, Some(9000))];
+    let mut events = [kill_event("a", 100), kill_event("a", 4000)];
+    events[1].variant = 1;
+    let r = run(Fault::Restart, &[], &events, &sections, &[]);
+    assert!(!failed(&r, "never landed"), "{:?}", r.failures);
+    assert_eq!(r.variants, vec![(1, 0), (1, 0)]);
+    // Only the first variant, twice.
+    let mut again = events.clone();
+    again[1].variant = 0;
+    let r = run(Fault::Restart, &[], &again, &sections, &[]);
+    assert!(
+        failed(&r, "\"restarted at once\" never landed"),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn a_grant_is_valid_from_when_its_answer_left_the_server() {
+    // b's acquisition returned at 600 ms (a slow link), but the server had
+    // granted it at 450 ms, while a still believed until 500 ms.
+    let mut b = section("b", 2, 600, Some(900));
+    b.t_req = 300_000;
+    let sections = [section("a", 1, 0, Some(500)), b.clone()];
+    let r = run(Fault::Latency, &[], &[], &sections, &[]);
+    assert_eq!(r.overlaps, 0, "invisible without the proxy's reading");
+    b.t_granted = Some(450_000);
+    let sections = [section("a", 1, 0, Some(500)), b];
+    let r = run(Fault::Latency, &[], &[], &sections, &[]);
+    assert_eq!(r.overlaps, 1);
+    assert_eq!(r.max_overlap, Duration::from_millis(50));
+}
+
+#[test]
+fn a_kill_of_a_holder_whose_section_is_not_in_the_log_is_a_failure() {
+    let sections = [section("b", 2, 0, Some(50))];
+    let r = run(
+        Fault::Kill,
+        &[("a", 800)],
+        &[kill_event("a", 800)],
+        &sections,
+        &[],
+    );
+    assert!(
+        failed(&r, "no section of its in the log"),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn a_late_release_that_ends_the_newer_lease_is_a_failure() {
+    let old = section("a", 1, 0, Some(500));
+    let mut newer = section("a", 3, 1600, Some(3000));
+    let mut event = kill_event("a", 510);
+    event.t_lifted = Some(1_700_000);
+    event.fences = Some((1, 3));
+    event.count = 1;
+    let r = run(
+        Fault::LateRelease,
+        &[],
+        &[event.clone()],
+        &[old.clone(), newer.clone()],
+        &[],
+    );
+    assert_eq!((r.hits, r.late_releases), (1, (1, 1)));
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    // Lost 300 ms after the delivery, ended early.
+    newer.t_cancel = Some(2_000_000);
+    newer.t_last_valid = Some(1_990_000);
+    newer.t_end = Some(2_010_000);
+    newer.valid_end = Some(false);
+    let r = run(Fault::LateRelease, &[], &[event], &[old, newer], &[]);
+    assert_eq!(r.late_releases, (1, 0));
+    assert!(failed(&r, "the newer lease was lost"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_holder_that_cannot_acquire_again_after_black_hole_conn_is_a_failure() {
+    let sections = [section("a", 1, 0, Some(3000))];
+    let mut event = kill_event("a", 100);
+    event.count = 1;
+    event.reacquired_after = Some(Some(Duration::from_millis(80)));
+    let r = run_on(
+        BackendKind::Redis,
+        Fault::BlackHoleConn,
+        &[],
+        &[event.clone()],
+        &sections,
+        &[],
+    );
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    event.reacquired_after = Some(None);
+    let r = run_on(
+        BackendKind::Redis,
+        Fault::BlackHoleConn,
+        &[],
+        &[event],
+        &sections,
+        &[],
+    );
+    assert!(failed(&r, "acquired again after None"), "{:?}", r.failures);
+}
+
+#[test]
+fn only_requests_that_run_a_statement_are_stalled() {
+    let pg = |messages: &[(u8, &[u8])]| -> Vec<u8> {
+        let mut out = Vec::new();
+        for (kind, body) in messages {
+            out.push(*kind);
+            out.extend_from_slice(&(u32::try_from(body.len()).unwrap_or(0) + 4).to_be_bytes());
+            out.extend_from_slice(body);
+        }
+        out
+    };
+    let sync = pg(&[(b'S', b"")]);
+    let prepare = pg(&[(b'P', b"s1\0UPDATE\0\0\0"), (b'D', b"Ss1\0"), (b'S', b"")]);
+    let execute = pg(&[
+        (b'B', b"\0s1\0\0\0\0\0\0\0"),
+        (b'E', b"\0\0\0\0\0"),
+        (b'S', b""),
+    ]);
+    assert!(!executes(BackendKind::PgTable, &sync));
+    assert!(!executes(BackendKind::PgTable, &prepare));
+    assert!(executes(BackendKind::PgTable, &execute));
+
+    let mysql = |command: u8| vec![1, 0, 0, 0, command];
+    assert!(!executes(BackendKind::MySqlTable, &mysql(0x0e)), "COM_PING");
+    assert!(
+        !executes(BackendKind::MySqlTable, &mysql(0x16)),
+        "COM_STMT_PREPARE"
+    );
+    assert!(
+        executes(BackendKind::MySqlTable, &mysql(0x17)),
+        "COM_STMT_EXECUTE"
+    );
+
+    assert!(!executes(
+        BackendKind::Redis,
+        b"*1\r\n$7\r\nUNWATCH\r\n*1\r\n$4\r\nPING\r\n"
+    ));
+    assert!(executes(
+        BackendKind::Redis,
+        b"*5\r\n$7\r\nEVALSHA\r\n$40\r\n..."
+    ));
+}
+
+#[test]
+fn the_monotonic_clock_is_the_one_of_instant() {
+    let (a, t) = (std::time::Instant::now(), monotonic_us());
+    std::thread::sleep(Duration::from_millis(20));
+    let (b, u) = (std::time::Instant::now(), monotonic_us());
+    let elapsed = i64::try_from((b - a).as_micros()).unwrap_or(0);
+    assert!((u - t - elapsed).abs() < 2000, "{} vs {elapsed}", u - t);
+    assert_eq!(crate::monotonic_us_of(a) / 1000, t / 1000);
 }

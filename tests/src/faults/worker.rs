@@ -2,34 +2,54 @@
 //! release against one backend, records every section in the checker, and
 //! reports to the orchestrator on stdout.
 //!
+//! Times are µs of [`monotonic_us`], shared by every process of the run.
+//!
 //! Lines written to stdout (one event each):
 //!
 //! - `READY`: connected to the checker, about to contend;
-//! - `ACQ <fence> <t>`: acquired (fence 0 = none), at `t` µs since the epoch;
-//! - `REL <t>`: the section ended and the lease was released;
+//! - `ACQ <fence> <t>`: acquired (fence 0 = none) at `t`; said only once the
+//!   section is in the checker's log, so that a kill cannot land on a
+//!   section the log does not have;
+//! - `REL <sent> <done> ok|err`: the section ended and the release was sent
+//!   at `sent`, returned at `done`, confirmed or not;
 //! - `HOLDING <t>` / `IDLE`: answer to `hold <ms>`;
 //! - `WAKE <valid> <cancelled_now> <cancel_us> <write>`: it noticed that it
-//!   had been paused (a gap longer than the ttl between two steps).
+//!   had been paused (a gap longer than the ttl between two steps);
+//! - `RELEASING`: after `end-gated`, its section is over and recorded, and it
+//!   waits for `go` to release;
+//! - `YIELDED`: after `yield <ms>`, no acquisition of its is under way.
 //!
-//! Lines read from stdin: `hold <ms>` (keep the current section going for at
-//! least `ms` more — the nemesis uses it to be sure its victim still holds
-//! when the fault lands; it does not change what the contender does with
-//! its lease) and `stop` (finish the current section and exit). End of
-//! input also means stop, so contenders never outlive the orchestrator.
+//! Lines read from stdin:
+//!
+//! - `hold <ms>`: keep the current section going for at least `ms` more
+//!   (the nemesis uses it to be sure its victim still holds when the fault
+//!   lands; it does not change what the contender does with its lease);
+//! - `end`: end the current section now (and release, as always);
+//! - `end-gated`: end it now, and wait for `go` (at most 5 s) before
+//!   releasing, so that the nemesis can set up the network first;
+//! - `yield <ms>`: start no acquisition for `ms` (0: contend again), so that
+//!   another contender gets the lease;
+//! - `stop`: finish the current section and exit. End of input also means
+//!   stop, so contenders never outlive the orchestrator.
+//!
+//! With [`breaks::VAR`](super::breaks::VAR) set, the backend or the
+//! contender is deliberately broken (see [`super::breaks`]).
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
-use lease::Lease;
 use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis};
+use lease::{Backend, Lease, LeaseGuard};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::AsyncBufReadExt;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::breaks::{self, Broken, LateDeadline, Raw};
 use super::checker::{Checker, SectionEnd};
-use super::{BackendKind, now_us};
+use super::{BackendKind, monotonic_us};
 
 /// Everything a worker needs, from its command line.
 #[derive(Debug, Clone)]
@@ -164,7 +184,30 @@ impl Rng {
     }
 }
 
-async fn lease(args: &Args) -> Result<Lease, String> {
+/// The lease of a contender, and what `deadline-1.2` believes if that
+/// break is on.
+struct Contender {
+    lease: Lease,
+    late_deadline: Option<Arc<LateDeadline>>,
+}
+
+/// `backend`, wrapped in the breaks of [`breaks::VAR`] if any.
+fn contender(backend: impl Backend, raw: Raw, holder: &str) -> Contender {
+    if breaks::active().is_empty() {
+        return Contender {
+            lease: Lease::with_holder(backend, holder),
+            late_deadline: None,
+        };
+    }
+    let broken = Broken::new(backend, raw);
+    let late_deadline = broken.late_deadline();
+    Contender {
+        lease: Lease::with_holder(broken, holder),
+        late_deadline,
+    }
+}
+
+async fn lease(args: &Args) -> Result<Contender, String> {
     let err = |e: sqlx::Error| e.to_string();
     Ok(match args.backend {
         BackendKind::PgTable | BackendKind::PgAdvisory => {
@@ -176,10 +219,11 @@ async fn lease(args: &Args) -> Result<Lease, String> {
                 .acquire_timeout(Duration::from_secs(5))
                 .test_before_acquire(args.pool_ping)
                 .connect_lazy_with(options);
+            let raw = Raw::Pg(pool.clone());
             if args.backend == BackendKind::PgTable {
-                Lease::with_holder(PgTable::new(pool), &args.holder)
+                contender(PgTable::new(pool), raw, &args.holder)
             } else {
-                Lease::with_holder(PgAdvisory::new(pool), &args.holder)
+                contender(PgAdvisory::new(pool), raw, &args.holder)
             }
         }
         BackendKind::MySqlTable => {
@@ -189,7 +233,11 @@ async fn lease(args: &Args) -> Result<Lease, String> {
                 .test_before_acquire(args.pool_ping)
                 .connect_lazy(&args.url)
                 .map_err(err)?;
-            Lease::with_holder(MySqlTable::new(pool), &args.holder)
+            contender(
+                MySqlTable::new(pool.clone()),
+                Raw::MySql(pool),
+                &args.holder,
+            )
         }
         BackendKind::Redis => {
             let name = args.holder.clone();
@@ -211,7 +259,8 @@ async fn lease(args: &Args) -> Result<Lease, String> {
                 }))
                 .build()
                 .map_err(|e| e.to_string())?;
-            Lease::with_holder(Redis::new(pool), &args.holder)
+            let backend = Redis::new(pool.clone());
+            contender(backend.clone(), Raw::Redis(pool, backend), &args.holder)
         }
     })
 }
@@ -220,9 +269,18 @@ async fn lease(args: &Args) -> Result<Lease, String> {
 #[derive(Default)]
 struct Control {
     stop: AtomicBool,
-    /// Keep the current section going until this instant (µs since the epoch).
+    /// Keep the current section going until this instant (µs).
     hold_until: AtomicI64,
     in_section: AtomicBool,
+    /// End the current section now.
+    end_now: AtomicBool,
+    /// Before releasing, say `RELEASING` and wait for `go`.
+    gated: AtomicBool,
+    go: Notify,
+    /// Start no acquisition before this instant (µs).
+    yield_until: AtomicI64,
+    /// A `yield` waits for its `YIELDED`.
+    yield_unanswered: AtomicBool,
 }
 
 fn say(line: &str) {
@@ -230,6 +288,65 @@ fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
+}
+
+/// Whether the holder believes its lease valid: the guard's `is_valid()`, or
+/// under the `deadline-1.2` break what that break believes.
+struct Validity {
+    guard: Arc<LeaseGuard>,
+    late_deadline: Option<Arc<LateDeadline>>,
+}
+
+impl Validity {
+    fn valid(&self) -> bool {
+        match &self.late_deadline {
+            Some(late) => late.valid(self.guard.name()),
+            None => self.guard.is_valid(),
+        }
+    }
+}
+
+/// Sample the validity every millisecond, from a task of its own, until it
+/// is false; the last instant it was true is in the returned cell. The
+/// section's own 20 ms steps would leave up to 20 ms between the last
+/// instant seen valid and the real end of the lease, enough to hide a short
+/// overlap.
+fn sample(validity: Arc<Validity>, last: Arc<AtomicI64>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            // The clock first: if the lease is valid now, it was valid then.
+            let t = monotonic_us();
+            if !validity.valid() {
+                return;
+            }
+            last.store(t, Ordering::SeqCst);
+        }
+    })
+}
+
+/// A write to the fenced resource, and whether the lease was still valid
+/// once it had returned.
+async fn write(
+    checker: &Checker,
+    args: &Args,
+    validity: &Validity,
+    fence: i64,
+    kind: &str,
+    valid: bool,
+) -> Result<bool, String> {
+    let err = |e: sqlx::Error| format!("checker: {e}");
+    let (accepted, id) = checker
+        .write(&args.key, &args.holder, fence, kind, valid, monotonic_us())
+        .await
+        .map_err(err)?;
+    checker
+        .valid_after(id, validity.valid())
+        .await
+        .map_err(err)?;
+    Ok(accepted)
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -240,7 +357,11 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| format!("checker: {e}"))?;
     let checker = Checker::new(checker_pool, &args.prefix);
-    let lease = lease(&args).await?;
+    let Contender {
+        lease,
+        late_deadline,
+    } = lease(&args).await?;
+    let announce_before_record = breaks::on("announce-before-record");
     let control = Arc::new(Control::default());
     let stdin_control = control.clone();
     tokio::spawn(async move {
@@ -254,12 +375,33 @@ async fn run(args: Args) -> Result<(), String> {
                 (Some("hold"), Some(ms)) => {
                     stdin_control
                         .hold_until
-                        .store(now_us() + ms * 1000, Ordering::SeqCst);
+                        .store(monotonic_us() + ms * 1000, Ordering::SeqCst);
                     if stdin_control.in_section.load(Ordering::SeqCst) {
-                        say(&format!("HOLDING {}", now_us()));
+                        say(&format!("HOLDING {}", monotonic_us()));
                     } else {
                         say("IDLE");
                     }
+                }
+                (Some("end"), _) => {
+                    stdin_control.hold_until.store(0, Ordering::SeqCst);
+                    stdin_control.end_now.store(true, Ordering::SeqCst);
+                }
+                (Some("end-gated"), _) => {
+                    stdin_control.hold_until.store(0, Ordering::SeqCst);
+                    stdin_control.gated.store(true, Ordering::SeqCst);
+                    stdin_control.end_now.store(true, Ordering::SeqCst);
+                }
+                (Some("go"), _) => stdin_control.go.notify_one(),
+                (Some("yield"), Some(ms)) => {
+                    let until = if ms > 0 {
+                        monotonic_us() + ms * 1000
+                    } else {
+                        0
+                    };
+                    stdin_control.yield_until.store(until, Ordering::SeqCst);
+                    stdin_control
+                        .yield_unanswered
+                        .store(ms > 0, Ordering::SeqCst);
                 }
                 (Some("stop"), _) => break,
                 _ => {}
@@ -277,6 +419,14 @@ async fn run(args: Args) -> Result<(), String> {
     let err = |e: sqlx::Error| format!("checker: {e}");
 
     while !control.stop.load(Ordering::SeqCst) && started.elapsed() < args.run_for {
+        if control.yield_until.load(Ordering::SeqCst) > monotonic_us() {
+            if control.yield_unanswered.swap(false, Ordering::SeqCst) {
+                say("YIELDED");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            continue;
+        }
+        let t_req = monotonic_us();
         let guard = match lease.try_acquire(&args.name, args.ttl).await {
             Ok(Some(guard)) => guard,
             Ok(None) | Err(_) => {
@@ -287,32 +437,51 @@ async fn run(args: Args) -> Result<(), String> {
                 continue;
             }
         };
-        control.in_section.store(true, Ordering::SeqCst);
-        let t_start = now_us();
-        let valid_start = guard.is_valid();
-        let fence = guard
+        let t_start = monotonic_us();
+        let validity = Arc::new(Validity {
+            guard: Arc::new(guard),
+            late_deadline: late_deadline.clone(),
+        });
+        let valid_start = validity.valid();
+        let fence = validity
+            .guard
             .fencing_token()
             .map(|f| i64::try_from(f).unwrap_or(i64::MAX));
-        say(&format!("ACQ {} {t_start}", fence.unwrap_or(0)));
-        let token = guard.token();
+        let token = validity.guard.token();
         let cancelled_at = Arc::new(AtomicI64::new(0));
         let watcher = {
             let (token, at) = (token.clone(), cancelled_at.clone());
             tokio::spawn(async move {
                 token.cancelled().await;
-                at.store(now_us(), Ordering::SeqCst);
+                at.store(monotonic_us(), Ordering::SeqCst);
             })
         };
+        let last_valid = Arc::new(AtomicI64::new(0));
+        let sampler = sample(validity.clone(), last_valid.clone());
+        control.end_now.store(false, Ordering::SeqCst);
+        control.in_section.store(true, Ordering::SeqCst);
+        if announce_before_record {
+            // Break: the acquisition is announced, and its section recorded late.
+            say(&format!("ACQ {} {t_start}", fence.unwrap_or(0)));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
         let section = checker
-            .start_section(&args.key, &args.holder, pid, fence, t_start, valid_start)
+            .start_section(
+                &args.key,
+                &args.holder,
+                pid,
+                fence,
+                (t_req, t_start),
+                valid_start,
+            )
             .await
             .map_err(err)?;
+        if !announce_before_record {
+            say(&format!("ACQ {} {t_start}", fence.unwrap_or(0)));
+        }
         if let Some(f) = fence.filter(|_| fenced) {
-            let valid = guard.is_valid();
-            checker
-                .write(&args.key, &args.holder, f, "start", valid, now_us())
-                .await
-                .map_err(err)?;
+            let valid = validity.valid();
+            write(&checker, &args, &validity, f, "start", valid).await?;
         }
         let mut end = SectionEnd {
             t_last_valid: valid_start.then_some(t_start),
@@ -320,41 +489,41 @@ async fn run(args: Args) -> Result<(), String> {
         };
         let length = rng.between(args.section_min, args.section_max);
         let began = Instant::now();
-        let mut previous = now_us();
+        let mut previous = monotonic_us();
         let mut woke = false;
         loop {
-            let held = control.hold_until.load(Ordering::SeqCst) > now_us();
-            if (began.elapsed() >= length && !held) || control.stop.load(Ordering::SeqCst) {
+            let held = control.hold_until.load(Ordering::SeqCst) > monotonic_us();
+            if (began.elapsed() >= length && !held)
+                || control.stop.load(Ordering::SeqCst)
+                || control.end_now.load(Ordering::SeqCst)
+            {
                 break;
             }
             tokio::time::sleep(step).await;
-            let t = now_us();
-            let valid = guard.is_valid();
+            let t = monotonic_us();
+            let valid = validity.valid();
             if t - previous > ttl_us {
                 // We were paused for longer than the ttl (SIGSTOP): the lease
                 // must already be invalid, and its token cancelled as soon as
                 // the engine's task has run.
                 let cancelled_now = token.is_cancelled();
                 let wait = tokio::time::timeout(Duration::from_secs(2), token.cancelled()).await;
-                let cancel_us = wait.is_ok().then(|| now_us() - t);
-                let write = match fence.filter(|_| fenced) {
-                    Some(f) => Some(
-                        checker
-                            .write(&args.key, &args.holder, f, "after-pause", valid, now_us())
-                            .await
-                            .map_err(err)?,
-                    ),
+                let cancel_us = wait.is_ok().then(|| monotonic_us() - t);
+                let written = match fence.filter(|_| fenced) {
+                    Some(f) => {
+                        Some(write(&checker, &args, &validity, f, "after-pause", valid).await?)
+                    }
                     None => None,
                 };
                 end.wake_t = Some(t);
                 end.wake_valid = Some(valid);
                 end.wake_cancelled_now = Some(cancelled_now);
                 end.wake_cancel_us = cancel_us;
-                end.wake_write_accepted = write;
+                end.wake_write_accepted = written;
                 say(&format!(
                     "WAKE {valid} {cancelled_now} {} {}",
                     cancel_us.unwrap_or(-1),
-                    write.map_or("n/a".to_owned(), |w| w.to_string())
+                    written.map_or("n/a".to_owned(), |w| w.to_string())
                 ));
                 woke = true;
                 break;
@@ -368,8 +537,8 @@ async fn run(args: Args) -> Result<(), String> {
         }
         // From here on a `hold` finds this worker idle: its section is ending.
         control.in_section.store(false, Ordering::SeqCst);
-        end.t_end = now_us();
-        end.valid_end = guard.is_valid();
+        end.t_end = monotonic_us();
+        end.valid_end = validity.valid();
         if end.valid_end {
             end.t_last_valid = Some(end.t_end);
         }
@@ -377,10 +546,7 @@ async fn run(args: Args) -> Result<(), String> {
             // Written whether or not the lease is still valid: a holder that
             // lost its lease without noticing would write too, and the
             // resource must reject it once a newer holder has written.
-            checker
-                .write(&args.key, &args.holder, f, "end", end.valid_end, now_us())
-                .await
-                .map_err(err)?;
+            write(&checker, &args, &validity, f, "end", end.valid_end).await?;
         }
         if !end.valid_end && cancelled_at.load(Ordering::SeqCst) == 0 {
             // `is_valid()` turns false by the clock at the deadline, and the
@@ -392,16 +558,42 @@ async fn run(args: Args) -> Result<(), String> {
                 .await
                 .is_ok()
             {
-                let _ =
-                    cancelled_at.compare_exchange(0, now_us(), Ordering::SeqCst, Ordering::SeqCst);
+                let _ = cancelled_at.compare_exchange(
+                    0,
+                    monotonic_us(),
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
             }
         }
         let cancelled = cancelled_at.load(Ordering::SeqCst);
         end.t_cancel = (cancelled > 0).then_some(cancelled);
         watcher.abort();
+        sampler.abort();
+        let _ = sampler.await;
+        // The sampler saw the lease valid at most a millisecond before it ended.
+        let sampled = last_valid.load(Ordering::SeqCst);
+        if sampled > 0 {
+            end.t_last_valid = Some(end.t_last_valid.map_or(sampled, |t| t.max(sampled)));
+        }
         checker.end_section(section, &end).await.map_err(err)?;
-        let _ = guard.release().await;
-        say(&format!("REL {}", now_us()));
+        if control.gated.swap(false, Ordering::SeqCst) {
+            say("RELEASING");
+            let _ = tokio::time::timeout(Duration::from_secs(5), control.go.notified()).await;
+        }
+        let Ok(Validity { guard, .. }) = Arc::try_unwrap(validity) else {
+            return Err("BUG: the guard is still shared".to_owned());
+        };
+        let Ok(guard) = Arc::try_unwrap(guard) else {
+            return Err("BUG: the guard is still shared".to_owned());
+        };
+        let sent = monotonic_us();
+        let released = guard.release().await;
+        say(&format!(
+            "REL {sent} {} {}",
+            monotonic_us(),
+            if released.is_ok() { "ok" } else { "err" }
+        ));
         tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(60))).await;
     }
     Ok(())
