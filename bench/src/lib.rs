@@ -17,6 +17,11 @@
 //!
 //! `--quick` runs a small version of everything in a few seconds (no
 //! PostgreSQL counts: those need a second to settle per reading).
+//!
+//! The servers are private ones, started for the run with the tests'
+//! launcher ([`lease_tests::servers`]) and stopped at its end: PostgreSQL,
+//! MariaDB and Redis (their binaries must be installed), and a throw-away
+//! SQLite file. [`run`] fails with [`Unavailable`] when they cannot be started.
 
 #![allow(clippy::print_stderr)]
 
@@ -30,7 +35,8 @@ mod servers;
 mod targets;
 
 use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
-use servers::Counter;
+pub use servers::Unavailable;
+use servers::{Counter, Servers};
 use targets::Target;
 
 /// The error type of the benchmark.
@@ -86,15 +92,16 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
     let uname = command_output("uname", &["-srvmo"]);
     let load_before = load_average();
 
-    let (pg_pool, mut pg_counter, pg_version) = servers::postgres().await?;
+    let servers = Servers::start().await?;
+    let (pg_pool, mut pg_counter) = servers::postgres(&servers.postgres).await?;
     // A pool of its own: the `PgTable` runs leave theirs full of connections
     // whose statistics would count in `PgAdvisory`'s readings.
-    let (advisory_pool, mut advisory_counter, _) = servers::postgres().await?;
+    let (advisory_pool, mut advisory_counter) = servers::postgres(&servers.postgres).await?;
     let pg_table = servers::pg_table(&pg_pool).await?;
-    let (my_pool, mut my_counter, my_version, userstat_was_on) = servers::mysql().await?;
+    let (my_pool, mut my_counter) = servers::mysql(&servers.mariadb).await?;
     let my_table = MySqlTable::new(my_pool.clone());
     my_table.ensure_schema().await?;
-    let (_redis_server, redis_pool, mut redis_counter, redis_version) = servers::redis().await?;
+    let (redis_pool, mut redis_counter) = servers::redis(&servers.redis).await?;
     let sqlite_db = lease_tests::TempDb::new("lease-bench");
     let sqlite = SqliteTable::open(sqlite_db.path()).await?;
     let sqlite_version: String = sqlx::query_scalar("SELECT sqlite_version()")
@@ -187,7 +194,6 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         }
         all.push(r);
     }
-    servers::mysql_restore(&my_counter, userstat_was_on).await;
     let mut engine = Vec::new();
     if options.sections.is_empty() || options.sections.iter().any(|x| x == "engine") {
         for n in if q { vec![1_000] } else { vec![1_000, 10_000] } {
@@ -205,9 +211,9 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         load_before,
         load_after: load_average(),
         versions: vec![
-            pg_version,
-            format!("MariaDB/MySQL {my_version}"),
-            redis_version,
+            servers.postgres.version().await,
+            servers.mariadb.version().await,
+            servers.redis.version().await,
             format!("SQLite {sqlite_version} (bundled)"),
         ],
         took: started.elapsed(),
