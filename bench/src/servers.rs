@@ -82,13 +82,15 @@ impl Count {
             .map(|(k, v)| {
                 (
                     k.clone(),
-                    v - earlier.by_command.get(k).copied().unwrap_or(0),
+                    v.saturating_sub(earlier.by_command.get(k).copied().unwrap_or(0)),
                 )
             })
             .filter(|(_, v)| *v > 0)
             .collect();
+        // A counter that went backwards (statistics reset) counts 0, which
+        // fails every check on a count.
         Count {
-            total: self.total - earlier.total,
+            total: self.total.saturating_sub(earlier.total),
             by_command,
         }
     }
@@ -114,6 +116,7 @@ impl Counter {
                 // every idle connection of the pool flush now. Each
                 // `pg_stat_force_next_flush()` is one more commit, subtracted.
                 // Connections are given back to the pool by tasks of their own.
+                let started = std::time::Instant::now();
                 sleep(Duration::from_millis(100)).await;
                 let mut conns = Vec::new();
                 while let Some(conn) = pool.try_acquire() {
@@ -139,12 +142,13 @@ impl Counter {
                     if now == last {
                         if std::env::var_os("LEASE_BENCH_DEBUG").is_some() {
                             eprintln!(
-                                "pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections",
-                                pool.size()
+                                "pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections, in {:?}",
+                                pool.size(),
+                                started.elapsed()
                             );
                         }
                         return Ok(Count {
-                            total: now - *own,
+                            total: now.saturating_sub(*own),
                             by_command: BTreeMap::new(),
                         });
                     }
