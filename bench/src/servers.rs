@@ -118,6 +118,7 @@ impl Counter {
                 // Connections are given back to the pool by tasks of their own.
                 let started = std::time::Instant::now();
                 sleep(Duration::from_millis(100)).await;
+                all_idle(pool).await;
                 let mut conns = Vec::new();
                 while let Some(conn) = pool.try_acquire() {
                     conns.push(conn);
@@ -160,7 +161,9 @@ impl Counter {
                 // sent the answer, so a reading taken at once may miss the
                 // last one. A connection handles one command at a time: its
                 // answer to a ping means it has finished the command before
-                // (pings are not counted).
+                // (pings are not counted). Every connection is pinged, once
+                // it is back in the pool.
+                all_idle(pool).await;
                 let mut conns = Vec::new();
                 while let Some(conn) = pool.try_acquire() {
                     conns.push(conn);
@@ -217,6 +220,16 @@ impl Counter {
             }
             Counter::None => Ok(Count::default()),
         }
+    }
+}
+
+/// Wait, for a second at most, until every connection of `pool` is idle:
+/// a connection goes back to the pool a moment after the answer to its last
+/// request, in a task of its own.
+async fn all_idle<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while pool.num_idle() < pool.size() as usize && std::time::Instant::now() < deadline {
+        sleep(Duration::from_millis(5)).await;
     }
 }
 
