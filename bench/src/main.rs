@@ -1,16 +1,20 @@
 //! `cargo run -p lease-bench --release -- [--quick] [--only PgTable,Redis,...] [--write docs/PERFORMANCE.md]`
 //!
 //! Prints the report; with `--write FILE`, also puts it into FILE between
-//! `<!-- bench:begin -->` and `<!-- bench:end -->`, keeping the rest.
+//! `<!-- bench:begin -->` and `<!-- bench:end -->`, keeping the rest. Exits
+//! with an error (status 1) when a check is not met: the report, with its
+//! table of checks, is printed (and written) first.
 
 #![allow(clippy::print_stderr)]
+
+use std::process::ExitCode;
 
 use lease_bench::{BoxError, Options, run, splice};
 
 const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,engine] [--write FILE]";
 
 #[tokio::main]
-async fn main() -> Result<(), BoxError> {
+async fn main() -> Result<ExitCode, BoxError> {
     let mut options = Options {
         command: std::iter::once("cargo run -p lease-bench --release --".to_owned())
             .chain(std::env::args().skip(1))
@@ -34,7 +38,7 @@ async fn main() -> Result<(), BoxError> {
             "--write" => write = Some(args.next().ok_or(USAGE)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
-                return Ok(());
+                return Ok(ExitCode::SUCCESS);
             }
             other => return Err(format!("unknown argument {other:?}\n{USAGE}").into()),
         }
@@ -46,8 +50,19 @@ async fn main() -> Result<(), BoxError> {
         std::fs::write(&path, splice(&doc, &report.markdown))?;
         eprintln!("wrote {path}");
     }
-    for v in &report.violations {
+    let violations = report.violations();
+    for v in &violations {
         eprintln!("NOT MET: {v}");
     }
-    Ok(())
+    if violations.is_empty() {
+        eprintln!("all {} checks met", report.checks.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "error: {} of {} checks not met",
+            violations.len(),
+            report.checks.len()
+        );
+        Ok(ExitCode::FAILURE)
+    }
 }

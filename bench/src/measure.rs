@@ -30,6 +30,9 @@ pub(crate) struct RoundTrips {
     pub(crate) with_lease: f64,
     /// `PgAdvisory`: `acquire` holds acquire + release together, `release` is unused.
     pub(crate) acquire_with_release: bool,
+    /// Whether a server counted the requests (all but SQLite). A count of 0
+    /// is then a number like any other, not a sign that nothing counts.
+    pub(crate) counted: bool,
     /// `(phase, per-command counts)` where the server tells (Redis).
     pub(crate) details: Vec<(&'static str, Count, usize)>,
 }
@@ -54,12 +57,15 @@ where
     Fut: std::future::Future<Output = Result<(), BoxError>>,
 {
     let mut least: Option<Count> = None;
+    // Nothing runs between two repetitions: one reading ends one and starts the next.
+    let mut before = counter.read().await?;
     for rep in 0..REPEATS {
-        let before = counter.read().await?;
         for i in 0..n {
             op(rep, i).await?;
         }
-        let delta = counter.read().await?.since(&before);
+        let after = counter.read().await?;
+        let delta = after.since(&before);
+        before = after;
         if least.as_ref().is_none_or(|l| delta.total < l.total) {
             least = Some(delta);
         }
@@ -103,6 +109,7 @@ pub(crate) async fn round_trips(
 
     let mut rt = RoundTrips {
         batch: n,
+        counted: counter.counts(),
         ..RoundTrips::default()
     };
     if matches!(t, Target::PgAdvisory(..)) {
@@ -535,9 +542,10 @@ pub(crate) async fn scale(
     let early = (period / 4).min(Duration::from_millis(500));
     let from = t0 + period - early;
     let to = t0 + 2 * period - early;
-    // A PostgreSQL reading takes ~1.3 s to settle: start it early enough.
+    // A PostgreSQL reading takes a few hundred ms to settle (up to ~1.3 s
+    // on a busy machine): start it early enough, but after the acquisitions.
     let settle = if matches!(counter, Counter::Pg { .. }) {
-        Duration::from_millis(1600)
+        Duration::from_millis(1600).min(period / 2)
     } else {
         Duration::ZERO
     };

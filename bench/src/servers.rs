@@ -1,19 +1,25 @@
-//! The servers under test, set up so that the benchmark's round trips can be
-//! counted by the servers themselves without other clients' traffic:
+//! The servers under test: private servers that the benchmark starts with
+//! the tests' launcher ([`lease_tests::servers`]) and stops at its end, set
+//! up so that the benchmark's round trips are counted by the servers
+//! themselves, and by nothing else's traffic (nothing else connects to them,
+//! so neither the shared test servers nor another run of the benchmark
+//! disturb a count):
 //!
 //! - PostgreSQL: a dedicated database `lease_bench`; `pg_stat_database.xact_commit`
 //!   of that database counts one per autocommit statement. It is read from a
-//!   connection to another database, after making the pool's connections
-//!   flush their statistics with `pg_stat_force_next_flush()` (PostgreSQL 15
-//!   flushes an idle backend's counters only a second, or even ten, after it
-//!   goes idle); those flushes' own commits are subtracted.
-//! - MariaDB / MySQL: a dedicated user `lease_bench` and database `lease_bench`;
-//!   with `userstat = 1`, `information_schema.USER_STATISTICS` counts the
+//!   connection to another database (`postgres`), after making the pool's
+//!   connections flush their statistics with `pg_stat_force_next_flush()`
+//!   (PostgreSQL 15 flushes an idle backend's counters only a second, or
+//!   even ten, after it goes idle); those flushes' own commits are subtracted.
+//! - MariaDB: a dedicated user `lease_bench` (on the database `test`); with
+//!   `userstat = 1`, `information_schema.USER_STATISTICS` counts the
 //!   commands of that user alone (`SELECT_COMMANDS + UPDATE_COMMANDS + OTHER_COMMANDS`).
-//! - Redis: a private `redis-server` on a free port of 127.0.0.1, started and
-//!   stopped by the benchmark; `INFO commandstats` counts the commands the
-//!   clients sent: every command but our own `INFO` and those that the
-//!   lease scripts run inside Redis (`GET`, `SET`, `PEXPIRE`, `INCR`, `DEL`).
+//!   MariaDB adds a command to those statistics after it has sent the
+//!   answer: each idle connection of the pool is pinged before a reading, so
+//!   that the reading sees every answered command.
+//! - Redis: `INFO commandstats` counts the commands the clients sent: every
+//!   command but our own `INFO` and those that the lease scripts run inside
+//!   Redis (`GET`, `SET`, `PEXPIRE`, `INCR`, `DEL`).
 //! - SQLite: a throw-away file; it has no server, so nothing counts its
 //!   statements but the process (see `Counted`).
 
@@ -21,15 +27,18 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use lease_tests::servers::{PrivateServer, RedisPersistence};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{MySqlPool, PgPool};
+use sqlx::{Connection, MySqlPool, PgPool};
 use tokio::time::sleep;
 
 use crate::BoxError;
 
-/// The database and user the benchmark owns on the shared servers.
+/// The PostgreSQL database whose requests are counted.
 pub(crate) const BENCH_DB: &str = "lease_bench";
+/// The MariaDB user whose requests are counted.
+pub(crate) const BENCH_USER: &str = "lease_bench";
 
 /// Connections in each benchmark pool: room for 64 contenders to queue and
 /// for `PgAdvisory`'s one connection per held lock.
@@ -46,6 +55,8 @@ pub(crate) enum Counter {
     },
     MySql {
         monitor: MySqlPool,
+        /// The benchmark's pool, whose idle connections are pinged before a reading.
+        pool: MySqlPool,
     },
     Redis {
         conn: redis::aio::MultiplexedConnection,
@@ -71,13 +82,15 @@ impl Count {
             .map(|(k, v)| {
                 (
                     k.clone(),
-                    v - earlier.by_command.get(k).copied().unwrap_or(0),
+                    v.saturating_sub(earlier.by_command.get(k).copied().unwrap_or(0)),
                 )
             })
             .filter(|(_, v)| *v > 0)
             .collect();
+        // A counter that went backwards (statistics reset) counts 0, which
+        // fails every check on a count.
         Count {
-            total: self.total - earlier.total,
+            total: self.total.saturating_sub(earlier.total),
             by_command,
         }
     }
@@ -103,7 +116,9 @@ impl Counter {
                 // every idle connection of the pool flush now. Each
                 // `pg_stat_force_next_flush()` is one more commit, subtracted.
                 // Connections are given back to the pool by tasks of their own.
+                let started = std::time::Instant::now();
                 sleep(Duration::from_millis(100)).await;
+                all_idle(pool).await;
                 let mut conns = Vec::new();
                 while let Some(conn) = pool.try_acquire() {
                     conns.push(conn);
@@ -128,24 +143,40 @@ impl Counter {
                     if now == last {
                         if std::env::var_os("LEASE_BENCH_DEBUG").is_some() {
                             eprintln!(
-                                "pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections",
-                                pool.size()
+                                "pg count: xact_commit {now}, own {own}, flushed {flushes} of {} connections, in {:?}",
+                                pool.size(),
+                                started.elapsed()
                             );
                         }
                         return Ok(Count {
-                            total: now - *own,
+                            total: now.saturating_sub(*own),
                             by_command: BTreeMap::new(),
                         });
                     }
                     last = now;
                 }
             }
-            Counter::MySql { monitor } => {
+            Counter::MySql { monitor, pool } => {
+                // The server adds a command to `USER_STATISTICS` after it has
+                // sent the answer, so a reading taken at once may miss the
+                // last one. A connection handles one command at a time: its
+                // answer to a ping means it has finished the command before
+                // (pings are not counted). Every connection is pinged, once
+                // it is back in the pool.
+                all_idle(pool).await;
+                let mut conns = Vec::new();
+                while let Some(conn) = pool.try_acquire() {
+                    conns.push(conn);
+                }
+                for conn in &mut conns {
+                    conn.ping().await?;
+                }
+                drop(conns);
                 let row: Option<(i64, i64, i64)> = sqlx::query_as(
                     "SELECT SELECT_COMMANDS, UPDATE_COMMANDS, OTHER_COMMANDS \
                      FROM information_schema.USER_STATISTICS WHERE USER = ?",
                 )
-                .bind(BENCH_DB)
+                .bind(BENCH_USER)
                 .fetch_optional(&*monitor)
                 .await?;
                 let (s, u, o) = row.unwrap_or_default();
@@ -192,6 +223,16 @@ impl Counter {
     }
 }
 
+/// Wait, for a second at most, until every connection of `pool` is idle:
+/// a connection goes back to the pool a moment after the answer to its last
+/// request, in a task of its own.
+async fn all_idle<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while pool.num_idle() < pool.size() as usize && std::time::Instant::now() < deadline {
+        sleep(Duration::from_millis(5)).await;
+    }
+}
+
 async fn pg_xact(monitor: &PgPool) -> Result<u64, BoxError> {
     sqlx::query("SELECT pg_stat_clear_snapshot()")
         .execute(monitor)
@@ -203,10 +244,44 @@ async fn pg_xact(monitor: &PgPool) -> Result<u64, BoxError> {
     Ok(n as u64)
 }
 
-/// PostgreSQL: the benchmark pool on `lease_bench`, a monitor on the
-/// configured database, and the server version.
-pub(crate) async fn postgres() -> Result<(PgPool, Counter, String), BoxError> {
-    let url = lease_tests::postgres_url();
+/// The three private servers, stopped (and their directories deleted) when
+/// this is dropped.
+pub(crate) struct Servers {
+    pub(crate) postgres: PrivateServer,
+    pub(crate) mariadb: PrivateServer,
+    pub(crate) redis: PrivateServer,
+}
+
+/// The private servers could not be started (binaries missing, ...): the
+/// benchmark cannot run here.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot start the private servers: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+impl Servers {
+    /// Start PostgreSQL, MariaDB and Redis (no persistence).
+    pub(crate) async fn start() -> Result<Self, Unavailable> {
+        Ok(Self {
+            postgres: PrivateServer::postgres().await.map_err(Unavailable)?,
+            mariadb: PrivateServer::mariadb().await.map_err(Unavailable)?,
+            redis: PrivateServer::redis(RedisPersistence::None)
+                .await
+                .map_err(Unavailable)?,
+        })
+    }
+}
+
+/// PostgreSQL: a new benchmark pool on `lease_bench` (created if need be),
+/// and its counter, which reads the statistics from the database `postgres`.
+pub(crate) async fn postgres(server: &PrivateServer) -> Result<(PgPool, Counter), BoxError> {
+    let url = server.url();
     let monitor = PgPoolOptions::new()
         .max_connections(1)
         .connect(&url)
@@ -222,9 +297,6 @@ pub(crate) async fn postgres() -> Result<(PgPool, Counter, String), BoxError> {
             .execute(&monitor)
             .await?;
     }
-    let version: String = sqlx::query_scalar("SHOW server_version")
-        .fetch_one(&monitor)
-        .await?;
     let options = PgConnectOptions::from_str(&url)?.database(BENCH_DB);
     let pool = PgPoolOptions::new()
         .max_connections(POOL_SIZE)
@@ -238,11 +310,12 @@ pub(crate) async fn postgres() -> Result<(PgPool, Counter, String), BoxError> {
         pool: pool.clone(),
         own: 0,
     };
-    Ok((pool, counter, format!("PostgreSQL {version}")))
+    Ok((pool, counter))
 }
 
 /// The lease table in `lease_bench`, without autovacuum (whose transactions
-/// would count in the database's statistics).
+/// would count in the database's statistics), and the table that the
+/// counter's flushes read.
 pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, BoxError> {
     let table = lease::backend::PgTable::new(pool.clone());
     table.ensure_schema().await?;
@@ -256,118 +329,40 @@ pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, B
     Ok(table)
 }
 
-/// MariaDB / MySQL: the benchmark pool as user `lease_bench` on database
-/// `lease_bench`, a monitor as the configured user, and the server version.
-/// Turns `userstat` on (MariaDB) and returns its previous value.
-pub(crate) async fn mysql() -> Result<(MySqlPool, Counter, String, bool), BoxError> {
-    let url = lease_tests::mysql_url();
+/// MariaDB: switch `userstat` on, and return the benchmark pool as user
+/// `lease_bench` on the database `test`, with its counter (a monitor as `root`).
+pub(crate) async fn mysql(server: &PrivateServer) -> Result<(MySqlPool, Counter), BoxError> {
+    server.mariadb_user(BENCH_USER).await?;
+    let root = MySqlConnectOptions::from_str(&server.url())?;
     let monitor = MySqlPoolOptions::new()
         .max_connections(1)
-        .connect(&url)
+        .connect_with(root.clone())
         .await?;
-    let version: String = sqlx::query_scalar("SELECT VERSION()")
-        .fetch_one(&monitor)
-        .await?;
-    // Constant identifiers only.
-    for sql in [
-        "CREATE DATABASE IF NOT EXISTS lease_bench",
-        "CREATE USER IF NOT EXISTS 'lease_bench'@'%'",
-        "CREATE USER IF NOT EXISTS 'lease_bench'@'localhost'",
-        "GRANT ALL ON lease_bench.* TO 'lease_bench'@'%'",
-        "GRANT ALL ON lease_bench.* TO 'lease_bench'@'localhost'",
-    ] {
-        sqlx::query(sql).execute(&monitor).await?;
-    }
-    let (_, userstat): (String, String) = sqlx::query_as("SHOW GLOBAL VARIABLES LIKE 'userstat'")
-        .fetch_one(&monitor)
-        .await?;
-    let was_on = userstat.eq_ignore_ascii_case("ON");
     sqlx::query("SET GLOBAL userstat = 1")
         .execute(&monitor)
         .await?;
-    let root = MySqlConnectOptions::from_str(&url)?;
-    let options = MySqlConnectOptions::new()
-        .host(root.get_host())
-        .port(root.get_port())
-        .username(BENCH_DB)
-        .database(BENCH_DB);
     let pool = MySqlPoolOptions::new()
         .max_connections(POOL_SIZE)
         .test_before_acquire(false)
-        .connect_with(options)
+        .connect_with(root.username(BENCH_USER))
         .await?;
-    Ok((pool, Counter::MySql { monitor }, version, was_on))
-}
-
-/// Set `userstat` back to what it was.
-pub(crate) async fn mysql_restore(counter: &Counter, was_on: bool) {
-    if let (Counter::MySql { monitor }, false) = (counter, was_on) {
-        let _ = sqlx::query("SET GLOBAL userstat = 0")
-            .execute(monitor)
-            .await;
-    }
-}
-
-/// A private `redis-server`, stopped when dropped.
-pub(crate) struct PrivateRedis {
-    child: tokio::process::Child,
-    pub(crate) url: String,
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
-}
-
-/// Start a private `redis-server` (no persistence) on a free port of
-/// 127.0.0.1, and return it with a pool, a counter and its version.
-pub(crate) async fn redis()
--> Result<(PrivateRedis, deadpool_redis::Pool, Counter, String), BoxError> {
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.local_addr()?.port()
+    let counter = Counter::MySql {
+        monitor,
+        pool: pool.clone(),
     };
-    let child = tokio::process::Command::new("redis-server")
-        .args(["--port", &port.to_string()])
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot start redis-server (is it installed?): {e}"))?;
-    let server = PrivateRedis {
-        child,
-        url: format!("redis://127.0.0.1:{port}"),
-    };
-    let client = redis::Client::open(server.url.as_str())?;
-    let mut conn = None;
-    for _ in 0..100 {
-        if let Ok(c) = client.get_multiplexed_async_connection().await {
-            conn = Some(c);
-            break;
-        }
-        sleep(Duration::from_millis(50)).await;
-    }
-    let mut conn = conn.ok_or("the private redis-server did not come up")?;
-    let info: String = redis::cmd("INFO")
-        .arg("server")
-        .query_async(&mut conn)
-        .await?;
-    let version = info
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:"))
-        .unwrap_or("?")
-        .trim()
-        .to_owned();
-    let pool = deadpool_redis::Config::from_url(server.url.clone())
+    Ok((pool, counter))
+}
+
+/// Redis: a pool and a counter (on a connection of its own).
+pub(crate) async fn redis(
+    server: &PrivateServer,
+) -> Result<(deadpool_redis::Pool, Counter), BoxError> {
+    let client = redis::Client::open(server.url())?;
+    let conn = client.get_multiplexed_async_connection().await?;
+    let pool = deadpool_redis::Config::from_url(server.url())
         .builder()?
         .max_size(POOL_SIZE as usize)
         .runtime(deadpool_redis::Runtime::Tokio1)
         .build()?;
-    Ok((
-        server,
-        pool,
-        Counter::Redis { conn },
-        format!("Redis {version}"),
-    ))
+    Ok((pool, Counter::Redis { conn }))
 }

@@ -2,7 +2,8 @@
 //! backend sends, issued directly through sqlx or redis on the same pool.
 //!
 //! The SQL and Lua here are copies of the backends' own (`lease/src/backend/`)
-//! for the default table `task_leases`; keep them in step.
+//! for the default table `task_leases`; the test `floor_statements` captures
+//! the statements both send, and fails when they differ.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,9 @@ use lease::{Acquisition, Backend, Error, Grant, Lease};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::BoxError;
+
+#[cfg(test)]
+mod floor_statements;
 
 /// One backend under test.
 #[derive(Clone)]
@@ -37,8 +41,8 @@ const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at
      THEN l.fence ELSE l.fence + 1 END \
      WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
      RETURNING fence";
-const PG_RELEASE: &str = "UPDATE task_leases SET expires_at = clock_timestamp() \
-     WHERE name = $1 AND holder = $2 AND expires_at > clock_timestamp()";
+const PG_RELEASE: &str = "UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
+     WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()";
 
 const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fence) VALUES (?, ?, \
      TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), LAST_INSERT_ID(1)) \
@@ -47,8 +51,8 @@ const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fen
      fence + LAST_INSERT_ID(0)), holder = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), ?, holder), \
      expires_at = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
      TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at)";
-const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = UTC_TIMESTAMP(6) \
-     WHERE name = ? AND holder = ? AND expires_at > UTC_TIMESTAMP(6)";
+const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = '1970-01-01 00:00:01' \
+     WHERE name = ? AND holder = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)";
 
 macro_rules! now_ms {
     () => {
@@ -68,30 +72,32 @@ const LITE_ACQUIRE: &str = concat!(
     " OR l.holder = excluded.holder RETURNING fence"
 );
 const LITE_RELEASE: &str = concat!(
-    "UPDATE task_leases SET expires_at = ",
-    now_ms!(),
-    " WHERE name = ?1 AND holder = ?2 AND expires_at > ",
+    "UPDATE task_leases SET expires_at = 0 \
+     WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > ",
     now_ms!()
 );
 
 const REDIS_ACQUIRE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local fence = redis.call('GET', KEYS[2])
-  if not fence then
-    fence = redis.call('INCR', KEYS[2])
+local value = redis.call('GET', KEYS[1])
+if value then
+  local sep = string.find(value, ':', 1, true)
+  local fence = sep and tonumber(string.sub(value, 1, sep - 1))
+  if fence and string.sub(value, sep + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if counter and counter < fence then
+      redis.call('SET', KEYS[2], fence)
+    end
+    return fence
   end
-  return fence
+  return 0
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local fence = redis.pcall('INCR', KEYS[2])
-  if type(fence) ~= 'number' or fence < 1 then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
-  end
-  return fence
+local fence = redis.pcall('INCR', KEYS[2])
+if type(fence) ~= 'number' or fence < 1 then
+  return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
 end
-return 0
+redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
+return fence
 ";
 const REDIS_RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -271,7 +277,13 @@ impl Target {
                     .arg(ttl_ms)
                     .invoke_async(conn)
                     .await?;
-                let _: i64 = SCRIPTS.1.key(&lock).arg(holder).invoke_async(conn).await?;
+                // The lock holds `{fence}:{holder}` while this acquisition has it.
+                let _: i64 = SCRIPTS
+                    .1
+                    .key(&lock)
+                    .arg(format!("{fence}:{holder}"))
+                    .invoke_async(conn)
+                    .await?;
                 Ok(fence > 0)
             }
             Target::PgAdvisory(_, pool) => {
@@ -320,6 +332,7 @@ async fn pg_floor(pool: &PgPool, name: &str, holder: &str, ttl_ms: i64) -> Resul
     sqlx::query(PG_RELEASE)
         .bind(name)
         .bind(holder)
+        .bind(fence)
         .execute(pool)
         .await?;
     Ok(fence.is_some())
@@ -344,12 +357,15 @@ async fn my_floor(
         .bind(ttl_ms)
         .execute(pool)
         .await?;
+    // The fence comes back as the last insert id (0: not acquired).
+    let fence = done.last_insert_id();
     sqlx::query(MY_RELEASE)
         .bind(n)
         .bind(h)
+        .bind(i64::try_from(fence).ok())
         .execute(pool)
         .await?;
-    Ok(done.last_insert_id() != 0)
+    Ok(fence != 0)
 }
 
 async fn lite_floor(
@@ -367,6 +383,7 @@ async fn lite_floor(
     sqlx::query(LITE_RELEASE)
         .bind(name)
         .bind(holder)
+        .bind(fence)
         .execute(pool)
         .await?;
     Ok(fence.is_some())

@@ -136,6 +136,11 @@ impl PrivateServer {
         let mut cmd = Command::new(install);
         cmd.arg("--no-defaults")
             .arg(format!("--datadir={}", server.dir.join("data").display()))
+            // Its own temporary directory: a server starting (bootstrap
+            // included) deletes the temporary tables it finds in its
+            // `tmpdir`, also those of another server installing at that
+            // moment, which then fails ("File '/tmp/#sql-temptable-..' not found").
+            .arg(format!("--tmpdir={}", server.dir.display()))
             .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
         server.run_to_end(cmd, "mariadb-install-db")?;
         server.start().await?;
@@ -290,6 +295,7 @@ impl PrivateServer {
                         "--pid-file={}",
                         self.dir.join("mysqld.pid").display()
                     ))
+                    .arg(format!("--tmpdir={}", self.dir.display()))
                     .args([
                         "--bind-address=127.0.0.1",
                         "--skip-name-resolve",

@@ -1,0 +1,432 @@
+//! The required numbers: every check that a run makes, met or not.
+//!
+//! A check compares one measured number with its requirement. A counter
+//! that counted nothing gives 0, which meets no requirement on a count (each
+//! is `= n` or `≥ n` with n ≥ 1): a server that does not count is a failure,
+//! never a skip.
+
+use std::fmt;
+
+use crate::measure::{Contention, Overhead, RoundTrips, Scale};
+
+/// `with_lease` / floor, medians of 3,000 cycles each (full run).
+pub const OVERHEAD_TARGET: f64 = 1.15;
+
+/// `with_lease` / floor in the quick run (medians of 300 cycles each, on a
+/// machine that may be busy with other work): loose enough for the noise
+/// of a loaded machine, tight enough for a real regression such as one more
+/// round trip per call (a ratio of about 2; see `docs/PERFORMANCE.md`).
+pub const QUICK_OVERHEAD_BOUND: f64 = 1.5;
+
+/// A requirement on one number.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Required {
+    /// Exactly this.
+    Exactly(f64),
+    /// This or less.
+    AtMost(f64),
+    /// This or more.
+    AtLeast(f64),
+}
+
+impl Required {
+    /// Whether `x` meets the requirement (never for NaN).
+    pub fn met_by(self, x: f64) -> bool {
+        match self {
+            Required::Exactly(v) => (x - v).abs() < 1e-9,
+            Required::AtMost(v) => x <= v,
+            Required::AtLeast(v) => x >= v,
+        }
+    }
+}
+
+impl fmt::Display for Required {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Required::Exactly(v) => write!(f, "= {}", number(*v)),
+            Required::AtMost(v) => write!(f, "≤ {}", number(*v)),
+            Required::AtLeast(v) => write!(f, "≥ {}", number(*v)),
+        }
+    }
+}
+
+/// One required property of a run, checked against the numbers.
+#[derive(Debug, Clone)]
+pub struct Check {
+    /// The backend, as labelled in the tables.
+    pub backend: &'static str,
+    /// The section of the report: `rt`, `overhead`, `contention` or `scale`.
+    pub section: &'static str,
+    /// What is checked.
+    pub what: String,
+    /// The requirement.
+    pub required: Required,
+    /// The measured number.
+    pub measured: f64,
+}
+
+impl Check {
+    /// Whether the measured number meets the requirement.
+    pub fn met(&self) -> bool {
+        self.required.met_by(self.measured)
+    }
+}
+
+impl fmt::Display for Check {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} is {} (required {})",
+            self.backend,
+            self.what,
+            number(self.measured),
+            self.required
+        )
+    }
+}
+
+fn number(x: f64) -> String {
+    if (x - x.round()).abs() < 0.005 {
+        format!("{}", x.round())
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// What was measured for one backend, as far as the checks need it.
+pub(crate) struct Measured<'a> {
+    pub(crate) label: &'static str,
+    pub(crate) round_trips: Option<&'a RoundTrips>,
+    pub(crate) overhead: Option<&'a Overhead>,
+    pub(crate) contention: &'a [Contention],
+    pub(crate) scale: &'a [Scale],
+}
+
+/// Every check of one backend's numbers.
+pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
+    use Required::{AtLeast, AtMost, Exactly};
+    let mut out = Vec::new();
+    let mut check = |section: &'static str, what: String, required: Required, measured: f64| {
+        out.push(Check {
+            backend: m.label,
+            section,
+            what,
+            required,
+            measured,
+        });
+    };
+    let advisory = m.label == "PgAdvisory";
+    if let Some(rt) = m.round_trips
+        && rt.counted
+    {
+        let rt_check = |what: &str| format!("server requests per {what}");
+        check(
+            "rt",
+            rt_check("floor cycle (the backend's acquire and release statements, sent directly)"),
+            Exactly(2.0),
+            rt.floor,
+        );
+        if rt.acquire_with_release {
+            check(
+                "rt",
+                rt_check("acquire + release"),
+                Exactly(2.0),
+                rt.acquire,
+            );
+            check(
+                "rt",
+                rt_check("renew (a heartbeat)"),
+                Exactly(1.0),
+                rt.renew,
+            );
+            check(
+                "rt",
+                format!(
+                    "server requests per renew_many of {} leases (one heartbeat per lock: not batched, by design)",
+                    rt.batch
+                ),
+                Exactly(rt.batch as f64),
+                rt.renew_many,
+            );
+        } else {
+            check("rt", rt_check("acquire"), Exactly(1.0), rt.acquire);
+            check(
+                "rt",
+                rt_check("acquire of a new name"),
+                Exactly(1.0),
+                rt.acquire_new,
+            );
+            check("rt", rt_check("renew"), Exactly(1.0), rt.renew);
+            check("rt", rt_check("release"), Exactly(1.0), rt.release);
+            check(
+                "rt",
+                format!("server requests per renew_many of {} leases", rt.batch),
+                Exactly(1.0),
+                rt.renew_many,
+            );
+        }
+        check(
+            "rt",
+            rt_check("with_lease cycle, empty job (acquire + release)"),
+            Exactly(2.0),
+            rt.with_lease,
+        );
+    }
+    if let Some(o) = m.overhead {
+        let ratio = o.with_lease.median.as_secs_f64() / o.floor.median.as_secs_f64();
+        check(
+            "overhead",
+            "with_lease / floor, medians".to_owned(),
+            AtMost(if quick {
+                QUICK_OVERHEAD_BOUND
+            } else {
+                OVERHEAD_TARGET
+            }),
+            ratio,
+        );
+    }
+    for c in m.contention {
+        let on = format!("64 contenders on {} name(s)", c.names);
+        check(
+            "contention",
+            format!("{on}: acquisitions"),
+            AtLeast(1.0),
+            c.acquisitions as f64,
+        );
+        check(
+            "contention",
+            format!("{on}: errors"),
+            Exactly(0.0),
+            c.errors as f64,
+        );
+        if let Some(x) = c.requests_per_acquisition {
+            // At least the acquisition and its release.
+            check(
+                "contention",
+                format!("{on}: server requests per acquisition"),
+                AtLeast(2.0),
+                x,
+            );
+        }
+    }
+    for c in m.scale {
+        let of = format!(
+            "{} leases, {}",
+            c.leases,
+            if c.batched { "batched" } else { "unbatched" }
+        );
+        check(
+            "scale",
+            format!("{of}: leases renewed in the window (each once)"),
+            Exactly(c.leases as f64),
+            c.renewed as f64,
+        );
+        // Up to two rounds of batches when the acquisitions spread over more
+        // than half a renewal period.
+        let most = 2.0 * c.leases.div_ceil(1000) as f64;
+        if c.batched && !advisory {
+            check(
+                "scale",
+                format!("{of}: renewal calls in the window"),
+                AtMost(most),
+                c.calls as f64,
+            );
+        }
+        if let Some(n) = c.server_requests {
+            if c.batched && !advisory {
+                check(
+                    "scale",
+                    format!("{of}: server requests in the window"),
+                    AtMost(most),
+                    n as f64,
+                );
+            }
+            // Each renewal call is at least one request.
+            check(
+                "scale",
+                format!("{of}: server requests in the window, against the renewal calls"),
+                AtLeast(c.calls as f64),
+                n as f64,
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::measure::Stats;
+
+    fn exact_round_trips() -> RoundTrips {
+        RoundTrips {
+            floor: 2.0,
+            acquire: 1.0,
+            acquire_new: 1.0,
+            renew: 1.0,
+            renew_many: 1.0,
+            batch: 3,
+            release: 1.0,
+            with_lease: 2.0,
+            counted: true,
+            ..RoundTrips::default()
+        }
+    }
+
+    fn overhead(ratio: f64) -> Overhead {
+        let stats = |us: f64| Stats {
+            median: Duration::from_secs_f64(us / 1e6),
+            ..Stats::default()
+        };
+        Overhead {
+            floor: stats(100.0),
+            with_lease: stats(100.0 * ratio),
+            ..Overhead::default()
+        }
+    }
+
+    fn scale(leases: usize, calls: u64, server_requests: Option<u64>) -> Scale {
+        Scale {
+            leases,
+            batched: true,
+            calls,
+            renewed: leases as u64,
+            server_requests,
+            ..Scale::default()
+        }
+    }
+
+    fn unmet(label: &'static str, m: Measured<'_>, quick: bool) -> Vec<String> {
+        let m = Measured { label, ..m };
+        checks(&m, quick)
+            .into_iter()
+            .filter(|c| !c.met())
+            .map(|c| c.to_string())
+            .collect()
+    }
+
+    fn measured<'a>(rt: Option<&'a RoundTrips>, scale: &'a [Scale]) -> Measured<'a> {
+        Measured {
+            label: "PgTable",
+            round_trips: rt,
+            overhead: None,
+            contention: &[],
+            scale,
+        }
+    }
+
+    #[test]
+    fn the_expected_numbers_meet_every_check() {
+        let rt = exact_round_trips();
+        let s = [scale(50, 1, Some(2))];
+        assert_eq!(
+            unmet("MySqlTable", measured(Some(&rt), &s), true),
+            Vec::<String>::new()
+        );
+        assert!(!checks(&measured(Some(&rt), &s), true).is_empty());
+    }
+
+    #[test]
+    fn a_counter_that_counts_nothing_fails_every_count() {
+        let zero = RoundTrips {
+            batch: 3,
+            counted: true,
+            ..RoundTrips::default()
+        };
+        let s = [scale(50, 1, Some(0))];
+        let unmet = unmet("MySqlTable", measured(Some(&zero), &s), true);
+        // floor, acquire, acquire of a new name, renew, release, renew_many,
+        // with_lease, and the scale window's requests against its calls.
+        assert_eq!(unmet.len(), 8, "{unmet:#?}");
+        assert!(unmet[0].contains("floor cycle"), "{unmet:#?}");
+    }
+
+    #[test]
+    fn a_backend_without_a_server_has_no_round_trip_checks() {
+        let rt = RoundTrips {
+            counted: false,
+            ..RoundTrips::default()
+        };
+        let all = checks(&measured(Some(&rt), &[]), true);
+        assert!(all.is_empty(), "{all:#?}");
+    }
+
+    #[test]
+    fn a_new_name_costs_exactly_one_request_on_every_table() {
+        for label in ["PgTable", "MySqlTable", "Redis"] {
+            let rt = RoundTrips {
+                acquire_new: 2.0,
+                ..exact_round_trips()
+            };
+            let unmet = unmet(label, measured(Some(&rt), &[]), false);
+            assert_eq!(unmet.len(), 1, "{label}: {unmet:#?}");
+            assert!(unmet[0].contains("new name"), "{unmet:#?}");
+        }
+    }
+
+    #[test]
+    fn the_overhead_is_checked_in_both_modes() {
+        let o = overhead(1.3);
+        let m = Measured {
+            overhead: Some(&o),
+            ..measured(None, &[])
+        };
+        assert_eq!(unmet("Redis", m, true), Vec::<String>::new());
+        let m = Measured {
+            overhead: Some(&o),
+            ..measured(None, &[])
+        };
+        assert_eq!(unmet("Redis", m, false).len(), 1);
+        let o = overhead(QUICK_OVERHEAD_BOUND + 0.01);
+        let m = Measured {
+            overhead: Some(&o),
+            ..measured(None, &[])
+        };
+        assert_eq!(unmet("Redis", m, true).len(), 1);
+    }
+
+    #[test]
+    fn a_batch_sent_twice_or_not_counted_fails() {
+        let too_many = [scale(50, 1, Some(3))];
+        assert_eq!(unmet("PgTable", measured(None, &too_many), true).len(), 1);
+        let uncounted = [scale(50, 1, Some(0))];
+        assert_eq!(unmet("PgTable", measured(None, &uncounted), true).len(), 1);
+        let lost = [Scale {
+            renewed: 49,
+            ..scale(50, 1, Some(1))
+        }];
+        assert_eq!(unmet("PgTable", measured(None, &lost), true).len(), 1);
+    }
+
+    #[test]
+    fn contention_needs_acquisitions_no_errors_and_two_requests_each() {
+        let ok = Contention {
+            names: 64,
+            acquisitions: 100,
+            requests_per_acquisition: Some(2.0),
+            ..Contention::default()
+        };
+        let bad = [
+            Contention {
+                acquisitions: 0,
+                requests_per_acquisition: None,
+                ..ok
+            },
+            Contention { errors: 1, ..ok },
+            Contention {
+                requests_per_acquisition: Some(0.0),
+                ..ok
+            },
+        ];
+        for c in bad {
+            let list = [c];
+            let m = Measured {
+                contention: &list,
+                ..measured(None, &[])
+            };
+            assert_eq!(unmet("Redis", m, true).len(), 1);
+        }
+    }
+}
