@@ -759,10 +759,12 @@ async fn pg_advisory() -> Option<PgAdvisorySubject> {
     })
 }
 
-/// `Redis`: `steal` overwrites the lock key and bumps the fence counter.
+/// `Redis`: `steal` overwrites the lock key and bumps the fence counter;
+/// in the Go locker's protocol (`go`), it overwrites the lock key's token.
 struct RedisSubject {
     backend: Redis,
     pool: lease::deadpool_redis::Pool,
+    go: bool,
 }
 
 impl Subject for RedisSubject {
@@ -772,8 +774,26 @@ impl Subject for RedisSubject {
         self.backend.clone()
     }
 
+    fn caps(&self) -> Caps {
+        Caps {
+            fencing: !self.go,
+            ..TABLE_LIKE
+        }
+    }
+
     async fn steal(&self, name: &str, thief: &str) {
         let mut conn = self.pool.get().await.expect("redis connection");
+        if self.go {
+            let () = ::redis::cmd("SET")
+                .arg(self.backend.lock_key(name))
+                .arg(thief)
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut conn)
+                .await
+                .expect("steal");
+            return;
+        }
         let () = ::redis::pipe()
             .atomic()
             .cmd("SET")
@@ -800,6 +820,21 @@ async fn redis() -> Option<RedisSubject> {
     Some(RedisSubject {
         backend: Redis::new(pool.clone()),
         pool,
+        go: false,
+    })
+}
+
+/// `Redis` in the Go locker's protocol, with a prefix of its own.
+async fn redis_go_locker() -> Option<RedisSubject> {
+    let pool = lease_tests::redis().await?;
+    let backend = Redis::new(pool.clone())
+        .with_prefix("lease-go-locker:")
+        .expect("valid")
+        .with_go_locker_protocol();
+    Some(RedisSubject {
+        backend,
+        pool,
+        go: true,
     })
 }
 
@@ -846,3 +881,4 @@ conformance!(postgres, super::postgres());
 conformance!(mysql, super::mysql());
 conformance!(pg_advisory, super::pg_advisory());
 conformance!(redis, super::redis());
+conformance!(redis_go_locker, super::redis_go_locker());
