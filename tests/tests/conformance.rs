@@ -694,7 +694,7 @@ impl PgAdvisorySubject {
              AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
              AND objid::int8 = ($1::int8 & 4294967295)",
         )
-        .bind(PgAdvisory::key(name))
+        .bind(PgAdvisory::sqlx_key(name))
         .fetch_all(&self.admin)
         .await
         .expect("query pg_locks")
