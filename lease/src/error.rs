@@ -105,6 +105,29 @@ pub enum Error {
     #[error("redis pool error")]
     RedisPool(#[source] deadpool_redis::PoolError),
 
+    /// The lease table cannot be used as it is: it does not exist, a column
+    /// is missing (for example `fence` in a table made for the Go services),
+    /// or a column has a type with which leases could overlap.
+    ///
+    /// A table backend checks its table at its first call (once per backend
+    /// value and its clones) and answers every call with this error until
+    /// the table is fixed; `problem` says what is wrong and why, `fix` the
+    /// statement (or step) that fixes it. Retrying does not help until then.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+    )]
+    #[error("lease table {table} cannot be used: {problem}; fix: {fix}")]
+    Schema {
+        /// The table, as the backend names it (`task_leases` by default).
+        table: String,
+        /// What is wrong with it, naming the column, and why it matters.
+        problem: String,
+        /// What fixes it: a statement to run, or the step to take.
+        fix: String,
+    },
+
     /// A backend returned something the lease protocol does not allow
     /// (for example a negative fencing token).
     #[error("backend protocol violation: {0}")]

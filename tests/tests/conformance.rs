@@ -1272,7 +1272,7 @@ impl PgAdvisorySubject {
              AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
              AND objid::int8 = ($1::int8 & 4294967295)",
         )
-        .bind(PgAdvisory::key(name))
+        .bind(PgAdvisory::sqlx_key(name))
         .fetch_all(&self.admin)
         .await
         .expect("query pg_locks")
@@ -1334,10 +1334,12 @@ async fn pg_advisory() -> Option<PgAdvisorySubject> {
     })
 }
 
-/// `Redis`: `steal` overwrites the lock key and bumps the fence counter.
+/// `Redis`: `steal` overwrites the lock key and bumps the fence counter;
+/// in the Go locker's protocol (`go`), it overwrites the lock key's token.
 struct RedisSubject {
     backend: Redis,
     pool: lease::deadpool_redis::Pool,
+    go: bool,
 }
 
 impl Subject for RedisSubject {
@@ -1347,8 +1349,26 @@ impl Subject for RedisSubject {
         self.backend.clone()
     }
 
+    fn caps(&self) -> Caps {
+        Caps {
+            fencing: !self.go,
+            ..TABLE_LIKE
+        }
+    }
+
     async fn steal(&self, name: &str, thief: &str) {
         let mut conn = self.pool.get().await.expect("redis connection");
+        if self.go {
+            let () = ::redis::cmd("SET")
+                .arg(self.backend.lock_key(name))
+                .arg(thief)
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut conn)
+                .await
+                .expect("steal");
+            return;
+        }
         let () = ::redis::pipe()
             .atomic()
             .cmd("SET")
@@ -1371,6 +1391,21 @@ async fn redis() -> Option<RedisSubject> {
     Some(RedisSubject {
         backend: Redis::new(pool.clone()),
         pool,
+        go: false,
+    })
+}
+
+/// `Redis` in the Go locker's protocol, with a prefix of its own.
+async fn redis_go_locker() -> Option<RedisSubject> {
+    let pool = lease_tests::redis().await?;
+    let backend = Redis::new(pool.clone())
+        .with_prefix("lease-go-locker:")
+        .expect("valid")
+        .with_go_locker_protocol();
+    Some(RedisSubject {
+        backend,
+        pool,
+        go: true,
     })
 }
 
@@ -1441,3 +1476,5 @@ conformance!(mysql, super::mysql(), [every, many_leases, tables]);
 // session) per lease, so thousands of leases at once are not what it is for.
 conformance!(pg_advisory, super::pg_advisory(), [every]);
 conformance!(redis, super::redis(), [every, many_leases]);
+// The Go locker's protocol on Redis: no fencing tokens.
+conformance!(redis_go_locker, super::redis_go_locker(), [every, many_leases]);

@@ -62,7 +62,7 @@ async fn pg_lockers(observer: &PgPool, name: &str) -> Vec<i32> {
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
          AND classid::int8 = (($1::int8 >> 32) & 4294967295) AND objid::int8 = ($1::int8 & 4294967295)",
     )
-    .bind(PgAdvisory::key(name))
+    .bind(PgAdvisory::sqlx_key(name))
     .fetch_all(observer)
     .await
     .expect("query pg_locks")
@@ -84,7 +84,10 @@ async fn pg_key_is_sqlx_advisory_lock_key() {
     let name = unique("pg-sqlx-interop");
     let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
     let sqlx_lock = PgAdvisoryLock::new(&name);
-    assert_eq!(sqlx_lock.key().as_bigint(), Some(PgAdvisory::key(&name)));
+    assert_eq!(
+        sqlx_lock.key().as_bigint(),
+        Some(PgAdvisory::sqlx_key(&name))
+    );
 
     // Held through lease: sqlx's own lock type, on another connection, cannot have it.
     let guard = pod_a

@@ -26,7 +26,9 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 /// exclusive advisory lock on the 64-bit key that sqlx's
 /// [`PgAdvisoryLock::new(name)`](sqlx::postgres::PgAdvisoryLock::new)
 /// derives from the lease name, so these locks exclude (and are excluded by)
-/// other programs that lock the same name through sqlx's `PgAdvisoryLock`.
+/// other programs that lock the same name through sqlx's `PgAdvisoryLock`;
+/// [`with_key`](PgAdvisory::with_key) sets another derivation (for example
+/// the Go services' during a migration).
 ///
 /// # How it differs from the table backends
 ///
@@ -145,6 +147,8 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 pub struct PgAdvisory {
     pool: PgPool,
     held: Arc<Mutex<HeldLocks>>,
+    /// The advisory-lock key of a lease name ([`PgAdvisory::with_key`]).
+    key_of: fn(&str) -> i64,
 }
 
 /// The locks held, by `(name, holder)`.
@@ -221,10 +225,56 @@ impl PgAdvisory {
         Self {
             pool,
             held: Arc::default(),
+            key_of: Self::sqlx_key,
         }
     }
 
-    /// The advisory-lock key of a lease name: exactly the key of sqlx's
+    /// The same backend, with `key` deriving the advisory-lock key of each
+    /// lease name (instead of [`sqlx_key`](PgAdvisory::sqlx_key)): to share
+    /// locks with programs that derive keys another way — the Go `lock.PG`
+    /// locker of the services a migration replaces, whose derivation its
+    /// docs do not give (take it from its source).
+    ///
+    /// The key is locked with `pg_try_advisory_lock(bigint)`, in the
+    /// single-`bigint` key space (a program that locks
+    /// `pg_try_advisory_lock(int, int)` uses another space, and is not
+    /// excluded). `key` must be a pure function of the name: every replica
+    /// of a job must derive the same key, and a process must not change it
+    /// while it holds a lock. Two names with one key are one lock.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # async fn f(pool: sqlx::PgPool) {
+    /// use lease::backend::PgAdvisory;
+    ///
+    /// // For example a 64-bit FNV-1a hash of the name.
+    /// fn fnv1a(name: &str) -> i64 {
+    ///     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    ///         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    ///     });
+    ///     hash as i64
+    /// }
+    ///
+    /// let advisory = PgAdvisory::new(pool).with_key(fnv1a);
+    /// assert_eq!(advisory.key("nightly-report"), fnv1a("nightly-report"));
+    /// # }
+    /// ```
+    pub fn with_key(self, key: fn(&str) -> i64) -> Self {
+        Self {
+            key_of: key,
+            ..self
+        }
+    }
+
+    /// The advisory-lock key this backend locks for the lease `name`:
+    /// [`sqlx_key`](PgAdvisory::sqlx_key) unless [`with_key`](PgAdvisory::with_key)
+    /// set another derivation.
+    pub fn key(&self, name: &str) -> i64 {
+        (self.key_of)(name)
+    }
+
+    /// The default advisory-lock key of a lease name: exactly the key of sqlx's
     /// [`PgAdvisoryLock::new(name)`](sqlx::postgres::PgAdvisoryLock::new),
     /// in the single-`bigint` key space.
     ///
@@ -234,10 +284,10 @@ impl PgAdvisory {
     /// use lease::backend::PgAdvisory;
     /// use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockKey};
     ///
-    /// let key = PgAdvisory::key("nightly-report");
+    /// let key = PgAdvisory::sqlx_key("nightly-report");
     /// assert_eq!(PgAdvisoryLock::new("nightly-report").key(), &PgAdvisoryLockKey::BigInt(key));
     /// ```
-    pub fn key(name: &str) -> i64 {
+    pub fn sqlx_key(name: &str) -> i64 {
         PgAdvisoryLock::new(name)
             .key()
             .as_bigint()
@@ -335,7 +385,7 @@ impl Backend for PgAdvisory {
         {
             return Ok(Some(Grant::new(None)));
         }
-        let key = Self::key(name);
+        let key = self.key(name);
         let mut conn = Armed(Some(self.pool.acquire().await?));
         let (locked, pid): (bool, i32) =
             sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")

@@ -1,5 +1,6 @@
 //! [`Redis`]: `SET NX PX` locks with token-checked Lua renew and release.
 
+use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -77,8 +78,36 @@ end
 return 0
 ";
 
+/// Acquire in the Go locker's protocol ([`Redis::with_go_locker_protocol`]).
+/// KEYS: lock. ARGV: the token of our live acquisition of this name (`''`
+/// if none), a new random token, ttl in ms. Returns 1 if the lock now holds
+/// the new token, 0 when another holder has it.
+///
+/// A free lock is taken with `SET lock token NX PX ttl`, exactly as the Go
+/// locker takes it. A lock that holds our current token (an idempotent
+/// re-acquire), or already the new one (this very call, retried after its
+/// answer was lost), gets the new token and a fresh ttl: every acquisition
+/// has a token of its own, so that a late release of an older acquisition
+/// (which deletes the lock iff it holds that acquisition's token) can never
+/// end a newer one.
+const GO_ACQUIRE: &str = r"
+local value = redis.call('GET', KEYS[1])
+if not value then
+  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
+    return 1
+  end
+  return 0
+end
+if value == ARGV[2] or (ARGV[1] ~= '' and value == ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
+";
+
 struct Scripts {
     acquire: Script,
+    go_acquire: Script,
     renew: Script,
     renew_many: Script,
     release: Script,
@@ -87,6 +116,7 @@ struct Scripts {
 /// Built once: `Script::new` hashes the source for `EVALSHA`.
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
+    go_acquire: Script::new(GO_ACQUIRE),
     renew: Script::new(RENEW),
     renew_many: Script::new(RENEW_MANY),
     release: Script::new(RELEASE),
@@ -124,6 +154,11 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// any Unicode work. The prefix defaults to `lease:`
 /// ([`with_prefix`](Redis::with_prefix)). For example the name `a{b}` has the
 /// lock key `lease:{a%7Bb%7D}`.
+///
+/// That is the default layout. To run beside the Go `lock` package's
+/// `Redis` locker, [`with_go_locker_protocol`](Redis::with_go_locker_protocol)
+/// switches to its protocol: one key `{prefix}{name}` per name, whose value
+/// is a random token per acquisition, and no fencing token.
 ///
 /// # Calls
 ///
@@ -248,7 +283,13 @@ pub struct Redis {
     /// The connection every call uses, taken out of `pool` on first use and
     /// again after it was retired. Shared by clones.
     conn: Arc<Shared>,
+    /// `Some` in the Go locker's protocol: the token of each live
+    /// acquisition, by (name, holder). Shared by clones.
+    tokens: Option<Arc<Mutex<Tokens>>>,
 }
+
+/// The token of each live acquisition, by (name, holder).
+type Tokens = HashMap<(String, String), String>;
 
 /// The connection state that clones of a [`Redis`] share.
 #[derive(Default)]
@@ -325,6 +366,7 @@ impl std::fmt::Debug for Redis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Redis")
             .field("prefix", &self.prefix)
+            .field("go_locker_protocol", &self.tokens.is_some())
             .field("timeout", &self.timeout)
             .field("pool", &self.pool.status())
             .finish()
@@ -346,6 +388,58 @@ impl Redis {
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             conn: Arc::default(),
+            tokens: None,
+        }
+    }
+
+    /// Speak the protocol of the Go `lock` package's `Redis` locker, so that
+    /// Go replicas and Rust replicas of one job exclude each other on one
+    /// Redis while a service migrates: use the Go services' key prefix
+    /// ([`with_prefix`](Redis::with_prefix)) too.
+    ///
+    /// - The lock of `name` is the key `{prefix}{name}`, exactly
+    ///   ([`lock_key`](Redis::lock_key)): no braces, no escaping, no fence key.
+    /// - Its value is a random token (128 bits, hex), new for every
+    ///   acquisition; a free lock is taken with `SET key token NX PX ttl`.
+    /// - Renew is `PEXPIRE` iff the key still holds the token, release `DEL`
+    ///   iff it does (the Go locker's release), each one Lua script.
+    /// - **No fencing token**: grants carry `None`
+    ///   ([`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)).
+    ///
+    /// Renewals and releases get no token from the engine (the grant had
+    /// none): the backend keeps the token of each live acquisition in
+    /// memory, by (name, holder), shared by its clones, and forgets it when
+    /// the lease is released or found lost. A backend value that did not
+    /// acquire a lease (another process, a new value) cannot renew or
+    /// release it: it is lost, or ends at its ttl. An idempotent re-acquire
+    /// of a live lease by the same holder (through this backend) replaces
+    /// its token with a new one, so that a late release of the older
+    /// acquisition deletes nothing.
+    ///
+    /// The default layout (with fencing tokens, [Keys](Redis#keys)) stays
+    /// the default; every Rust replica of a job must use the same one. Switch
+    /// back to it only once no Go replica takes the job's lock any more (and
+    /// then on every Rust replica at once: the two layouts use different
+    /// keys, so they do not exclude each other).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # fn pool() -> lease::deadpool_redis::Pool {
+    /// #     lease::deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+    /// #         .create_pool(Some(lease::deadpool_redis::Runtime::Tokio1)).unwrap()
+    /// # }
+    /// use lease::backend::Redis;
+    ///
+    /// # fn main() -> Result<(), lease::Error> {
+    /// let redis = Redis::new(pool()).with_prefix("lock:")?.with_go_locker_protocol();
+    /// assert_eq!(redis.lock_key("nightly-report"), "lock:nightly-report");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_go_locker_protocol(self) -> Self {
+        Self {
+            tokens: Some(Arc::default()),
+            ..self
         }
     }
 
@@ -391,7 +485,9 @@ impl Redis {
         self.timeout
     }
 
-    /// The Redis key of the lock of `name`: `{prefix}{{esc(name)}}` (see [Keys](Redis#keys)).
+    /// The Redis key of the lock of `name`: `{prefix}{{esc(name)}}` (see
+    /// [Keys](Redis#keys)); in the [Go locker's
+    /// protocol](Redis::with_go_locker_protocol), `{prefix}{name}`.
     ///
     /// # Examples
     ///
@@ -408,6 +504,9 @@ impl Redis {
     /// assert_eq!(redis.lock_key("50% {off}"), "lease:{50%25 %7Boff%7D}");
     /// ```
     pub fn lock_key(&self, name: &str) -> String {
+        if self.tokens.is_some() {
+            return format!("{}{name}", self.prefix);
+        }
         let mut key = String::with_capacity(self.prefix.len() + name.len() + 2);
         key.push_str(&self.prefix);
         key.push('{');
@@ -423,9 +522,70 @@ impl Redis {
         key
     }
 
-    /// The Redis key of the fencing counter of `name`: the lock key followed by `:fence`.
+    /// The Redis key of the fencing counter of `name`: the lock key followed
+    /// by `:fence` (the [Go locker's protocol](Redis::with_go_locker_protocol)
+    /// has none, and never uses it).
     pub fn fence_key(&self, name: &str) -> String {
         self.lock_key(name) + ":fence"
+    }
+
+    /// The tokens of the live acquisitions, in the Go locker's protocol.
+    fn tokens(&self) -> Option<MutexGuard<'_, Tokens>> {
+        // Every update is a single insert or remove: a poisoned lock is consistent.
+        self.tokens
+            .as_ref()
+            .map(|t| t.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Forget the token of `(name, holder)` if it is still `token` (a newer
+    /// acquisition's is kept).
+    fn forget(&self, name: &str, holder: &str, token: &str) {
+        if let Some(mut tokens) = self.tokens() {
+            let key = (name.to_owned(), holder.to_owned());
+            if tokens.get(&key).is_some_and(|t| t == token) {
+                tokens.remove(&key);
+            }
+        }
+    }
+
+    /// The value of the lock key while `lease` holds it: `{fence}:{holder}`
+    /// in the default layout, the acquisition's token in the Go locker's
+    /// protocol; `None` when there is none (it cannot be ours).
+    fn lock_value(&self, lease: Acquisition<'_>) -> Option<String> {
+        match self.tokens() {
+            Some(tokens) => tokens
+                .get(&(lease.name.to_owned(), lease.holder.to_owned()))
+                .cloned(),
+            None => Some(format!("{}:{}", lease.fencing_token?, lease.holder)),
+        }
+    }
+
+    /// Acquire in the Go locker's protocol: [`GO_ACQUIRE`] with our current
+    /// token, if any, and a new one.
+    async fn go_acquire(&self, name: &str, holder: &str, ttl_ms: u32) -> Result<Option<Grant>> {
+        let key = (name.to_owned(), holder.to_owned());
+        let current = self.tokens().and_then(|t| t.get(&key).cloned());
+        let token = new_token();
+        let mut call = SCRIPTS.go_acquire.key(self.lock_key(name));
+        call.arg(current.as_deref().unwrap_or(""))
+            .arg(&token)
+            .arg(ttl_ms);
+        let [acquired] = self.run::<i64>("acquire", &[call]).await?[..] else {
+            return Err(Error::Protocol(
+                "the acquire script answered no value".to_owned(),
+            ));
+        };
+        if acquired == 1 {
+            if let Some(mut tokens) = self.tokens() {
+                tokens.insert(key, token);
+            }
+            Ok(Some(Grant::new(None)))
+        } else {
+            if let Some(current) = current {
+                self.forget(name, holder, &current);
+            }
+            Ok(None)
+        }
     }
 
     /// The backend's connection; if there is none, one taken out of the
@@ -525,14 +685,28 @@ impl Redis {
     /// token (every grant of this backend has one, so it cannot be ours).
     fn renew_call(&self, lease: Acquisition<'_>, ttl_ms: u32) -> Option<ScriptInvocation<'static>> {
         let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
-        call.arg(lock_value(lease)?).arg(ttl_ms);
+        call.arg(self.lock_value(lease)?).arg(ttl_ms);
         Some(call)
     }
 }
 
-/// The value of the lock key while `lease` holds it: `{fence}:{holder}`.
-fn lock_value(lease: Acquisition<'_>) -> Option<String> {
-    Some(format!("{}:{}", lease.fencing_token?, lease.holder))
+/// A new random token for the Go locker's protocol: 128 bits, as 32 hex
+/// digits. `RandomState` is seeded from the OS's randomness and differs for
+/// every instance; the counter and the clock make each pair of hashes unique.
+fn new_token() -> String {
+    use std::hash::{BuildHasher, RandomState};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let seed = (
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now(),
+        std::process::id(),
+    );
+    let (a, b) = (
+        RandomState::new().hash_one(seed),
+        RandomState::new().hash_one(seed),
+    );
+    format!("{a:016x}{b:016x}")
 }
 
 impl Backend for Redis {
@@ -541,6 +715,9 @@ impl Backend for Redis {
     /// and its fence.
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let ttl_ms = validate::call(name, holder, ttl)?;
+        if self.tokens.is_some() {
+            return self.go_acquire(name, holder, ttl_ms).await;
+        }
         let mut call = SCRIPTS.acquire.key(self.lock_key(name));
         call.key(self.fence_key(name)).arg(holder).arg(ttl_ms);
         let [fence] = self.run::<i64>("acquire", &[call]).await?[..] else {
@@ -560,22 +737,30 @@ impl Backend for Redis {
     /// `PEXPIRE lock ttl` iff the lock still holds this acquisition.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
-        let Some(call) = self.renew_call(lease, ttl_ms) else {
+        let Some(value) = self.lock_value(lease) else {
             return Ok(false);
         };
-        let renewed = self.run::<i64>("renew", &[call]).await?;
-        Ok(renewed.first() == Some(&1))
+        let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
+        call.arg(&value).arg(ttl_ms);
+        let renewed = self.run::<i64>("renew", &[call]).await?.first() == Some(&1);
+        if !renewed {
+            self.forget(lease.name, lease.holder, &value);
+        }
+        Ok(renewed)
     }
 
     /// `DEL lock` iff the lock still holds this acquisition. The fence key stays.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
-        let Some(value) = lock_value(lease) else {
+        let Some(value) = self.lock_value(lease) else {
             return Ok(());
         };
         let mut call = SCRIPTS.release.key(self.lock_key(lease.name));
-        call.arg(value);
+        call.arg(&value);
         self.run::<i64>("release", &[call]).await?;
+        // Deleted, or no longer ours: either way this acquisition is over.
+        // (After an error it is kept: a re-acquire replaces it anyway.)
+        self.forget(lease.name, lease.holder, &value);
         Ok(())
     }
 
@@ -588,7 +773,7 @@ impl Backend for Redis {
         let mut ours: Vec<(usize, String, u32)> = Vec::with_capacity(leases.len());
         for (i, &(lease, ttl)) in leases.iter().enumerate() {
             let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
-            if let Some(value) = lock_value(lease) {
+            if let Some(value) = self.lock_value(lease) {
                 ours.push((i, value, ttl_ms));
             }
         }
@@ -623,8 +808,11 @@ impl Backend for Redis {
                 ours.len()
             )));
         }
-        for ((i, _, _), r) in ours.iter().zip(renewed) {
+        for ((i, value, _), r) in ours.iter().zip(renewed) {
             out[*i] = r == 1;
+            if r != 1 {
+                self.forget(leases[*i].0.name, leases[*i].0.holder, value);
+            }
         }
         Ok(out)
     }
@@ -689,6 +877,45 @@ mod tests {
             assert!(keys.insert(lock) && keys.insert(fence), "{name:?} collides");
         }
         assert_eq!(redis.lock_key("%{}"), "p:{%25%7B%7D}");
+    }
+
+    #[test]
+    fn go_locker_keys_are_the_prefix_and_the_name() {
+        let redis = backend()
+            .with_prefix("lock:")
+            .expect("valid")
+            .with_go_locker_protocol();
+        assert_eq!(redis.lock_key("report"), "lock:report");
+        assert_eq!(redis.lock_key("50% {off}"), "lock:50% {off}");
+        assert_eq!(
+            backend().with_go_locker_protocol().lock_key("a{b}"),
+            "lease:a{b}"
+        );
+        // Nothing to renew or release without a token of this backend.
+        assert_eq!(
+            redis.lock_value(Acquisition::new("report", "pod", None)),
+            None
+        );
+        assert_eq!(
+            redis.lock_value(Acquisition::new("report", "pod", Some(3))),
+            None
+        );
+        assert_eq!(
+            backend()
+                .lock_value(Acquisition::new("report", "pod", Some(3)))
+                .as_deref(),
+            Some("3:pod")
+        );
+    }
+
+    #[test]
+    fn tokens_are_random_and_distinct() {
+        let tokens: HashSet<String> = (0..1000).map(|_| new_token()).collect();
+        assert_eq!(tokens.len(), 1000);
+        for token in &tokens {
+            assert_eq!(token.len(), 32);
+            assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+        }
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::{Acquisition, Backend, Error, Grant, validate};
 macro_rules! numbered_calls {
     () => {
         async fn acquire(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             name: &str,
             holder: &str,
             ttl_ms: i64,
@@ -32,12 +32,12 @@ macro_rules! numbered_calls {
                 .bind(name)
                 .bind(holder)
                 .bind(ttl_ms)
-                .fetch_optional(&t.pool)
+                .fetch_optional(t.pool)
                 .await
         }
 
         async fn renew(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             lease: Renewal<'_>,
             holder: &str,
         ) -> Result<bool, sqlx::Error> {
@@ -46,7 +46,7 @@ macro_rules! numbered_calls {
                 .bind(holder)
                 .bind(lease.ttl_ms)
                 .bind(lease.fence)
-                .execute(&t.pool)
+                .execute(t.pool)
                 .await?;
             Ok(done.rows_affected() == 1)
         }
@@ -60,7 +60,7 @@ macro_rules! numbered_calls {
 macro_rules! release_call {
     ($($to_bytes:ident)?) => {
         async fn release(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             name: &str,
             holder: &str,
             fence: Option<i64>,
@@ -69,7 +69,7 @@ macro_rules! release_call {
                 .bind(name$(.$to_bytes())?)
                 .bind(holder$(.$to_bytes())?)
                 .bind(fence)
-                .execute(&t.pool)
+                .execute(t.pool)
                 .await
                 .map(drop)
         }
@@ -93,7 +93,7 @@ macro_rules! dialect {
 macro_rules! plain_create {
     () => {
         async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
-            sqlx::query(AssertSqlSafe(t.sql.create.clone()))
+            sqlx::query(AssertSqlSafe(t.create.clone()))
                 .execute(&t.pool)
                 .await
                 .map(drop)
@@ -126,7 +126,10 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 ///   the host's, read inside SQL), never the caller's.
 /// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
 ///   acquisition of a name, one more for each later one, unchanged when the
-///   holder re-acquires its own live lease.
+///   holder re-acquires its own live lease. (In a table shared with the Go
+///   services, whose release deletes the row, the counter starts again at 1
+///   after each of their releases: see "Migrating from the Go packages" in
+///   the README.)
 /// - **Renew and release concern one acquisition**: they match name, holder
 ///   and fence, so a late request of an older acquisition never touches a
 ///   newer one. Renew never inserts a row, and never brings back a released
@@ -140,7 +143,23 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 ///   statement per 1,000 leases, and each lease learns whether it was renewed.
 /// - Names and holders are always bind parameters. The table name is
 ///   validated when the backend is built and then put into the statements,
-///   which are built once.
+///   which are built once, at the first call.
+/// - **The table is checked at the first call**, with one query of the
+///   server's catalog, once per backend value (clones share the result): it
+///   must exist and have the columns `name` (unique on its own: the primary
+///   key), `holder`, `expires_at` and `fence` (an integer, NOT NULL), and
+///   `expires_at` a type whose expiries every user of the table reads alike
+///   (see each backend). Otherwise that call, and every later one until the
+///   table is fixed, fails with [`Error::Schema`], which names the table, the
+///   column and the statement that fixes it — for a table made for the Go
+///   services, [`fence_migration`](Table::fence_migration). The statements
+///   follow the column's type and precision.
+/// - **A `fence` column with a default** (as [`fence_migration`](Table::fence_migration)
+///   adds it) marks a table *shared* with services that insert rows without
+///   a fence — the Go services during a migration. Their rows get the fence
+///   0, and the next acquisition here makes it 1 or more. A time column
+///   without a time zone is refused in a shared table: the Go services write
+///   it in their sessions' time zone, which this crate cannot know.
 /// - A call whose future is dropped (for example by a timeout) after its
 ///   statement reached the server may still take effect: an acquisition the
 ///   caller never learned of ends at its ttl, or is picked up by the same
@@ -163,13 +182,25 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 /// Cloning is cheap: a pool and reference-counted statements.
 pub struct Table<D: Dialect> {
     pool: sqlx::Pool<D::Database>,
-    sql: Statements,
+    /// The validated table name.
+    table: Arc<str>,
+    /// `CREATE TABLE IF NOT EXISTS` for this table.
+    create: Arc<str>,
+    /// `ALTER TABLE .. ADD COLUMN fence ..` for this table.
+    add_fence: Arc<str>,
+    /// The statements, built at the first call from what the table looks
+    /// like (its column types); shared by clones, so the table is checked
+    /// once per backend value.
+    sql: Arc<tokio::sync::OnceCell<Statements>>,
 }
 
 impl<D: Dialect> Clone for Table<D> {
     fn clone(&self) -> Self {
         Self {
             pool: self.pool.clone(),
+            table: self.table.clone(),
+            create: self.create.clone(),
+            add_fence: self.add_fence.clone(),
             sql: self.sql.clone(),
         }
     }
@@ -178,7 +209,8 @@ impl<D: Dialect> Clone for Table<D> {
 impl<D: Dialect> std::fmt::Debug for Table<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(D::NAME)
-            .field("table", &self.sql.table)
+            .field("table", &self.table)
+            .field("checked", &self.sql.initialized())
             .field("pool", &self.pool)
             .finish()
     }
@@ -192,22 +224,32 @@ pub trait Dialect: sealed::Calls {}
 /// What a dialect provides to the core: its statements and the calls that
 /// bind and run them. Not reachable from outside the crate (the module is
 /// private), so its items may use the crate's own types.
-#[allow(unreachable_pub, private_interfaces)]
+#[allow(unreachable_pub, private_interfaces, private_bounds)]
 mod sealed {
     use std::future::Future;
 
-    use super::{Renewal, Table, Templates};
+    use super::{Layout, Ready, Renewal, Table, Templates};
+    use crate::Error;
 
     pub trait Calls: Sized + Send + Sync + 'static {
         /// The sqlx database.
         type Database: sqlx::Database;
         /// The backend's type name, for `Debug`.
         const NAME: &'static str;
-        /// The statements, with `{table}` for the table name.
+        /// The statements, with `{table}` for the table name and the
+        /// placeholders of a [`Layout`].
         const TEMPLATES: Templates;
         /// Renewal batches run concurrently (one after the other if not).
         const CONCURRENT_BATCHES: bool;
 
+        /// The layout of the table `ensure_schema` creates.
+        fn default_layout() -> Layout;
+        /// Look at the table (once, before the first statement): the
+        /// [`Layout`] its statements are built for, or
+        /// [`Error::Schema`] when it cannot be used.
+        fn inspect(t: &Table<Self>) -> impl Future<Output = Result<Layout, Error>> + Send
+        where
+            Self: super::Dialect;
         /// Create the table if it does not exist.
         fn create(t: &Table<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send
         where
@@ -215,7 +257,7 @@ mod sealed {
         /// The acquire statement: the fence of the grant, or `None` when
         /// another holder has a live lease.
         fn acquire(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             name: &str,
             holder: &str,
             ttl_ms: i64,
@@ -224,7 +266,7 @@ mod sealed {
             Self: super::Dialect;
         /// The renew statement: whether it matched a live row.
         fn renew(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             lease: Renewal<'_>,
             holder: &str,
         ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send
@@ -232,7 +274,7 @@ mod sealed {
             Self: super::Dialect;
         /// The release statement.
         fn release(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             name: &str,
             holder: &str,
             fence: Option<i64>,
@@ -243,7 +285,7 @@ mod sealed {
         /// in one statement (or as few as the dialect allows); which were
         /// renewed, in order.
         fn renew_batch(
-            t: &Table<Self>,
+            t: Ready<'_, Self>,
             holder: &str,
             leases: &[Renewal<'_>],
         ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send
@@ -257,6 +299,20 @@ mod sealed {
         }
     }
 }
+
+/// A checked table's pool and statements: what the statement calls need.
+pub(crate) struct Ready<'a, D: Dialect> {
+    pub(crate) pool: &'a sqlx::Pool<D::Database>,
+    pub(crate) sql: &'a Statements,
+}
+
+impl<D: Dialect> Clone for Ready<'_, D> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<D: Dialect> Copy for Ready<'_, D> {}
 
 /// One lease of a renewal, as bound: name, ttl in milliseconds, fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -283,10 +339,19 @@ impl<D: Dialect> Table<D> {
     /// # Ok(()) }
     /// ```
     pub fn new(pool: sqlx::Pool<D::Database>) -> Self {
-        Self {
+        Self::on(pool, DEFAULT_TABLE).expect("BUG: the default table name is valid")
+    }
+
+    /// A backend on `table` (validated) of `pool`'s database.
+    fn on(pool: sqlx::Pool<D::Database>, table: &str) -> Result<Self, Error> {
+        validate::table(table)?;
+        Ok(Self {
             pool,
-            sql: Statements::default_table(&D::TEMPLATES),
-        }
+            table: table.into(),
+            create: fill(D::TEMPLATES.create, table, &Layout::NONE),
+            add_fence: fill(D::TEMPLATES.add_fence, table, &Layout::NONE),
+            sql: Arc::default(),
+        })
     }
 
     /// The same backend on another table, `name` or `schema.name`.
@@ -310,10 +375,7 @@ impl<D: Dialect> Table<D> {
     ///
     /// [`Error::InvalidTable`] when `table` is not such a name.
     pub fn with_table(self, table: &str) -> Result<Self, Error> {
-        Ok(Self {
-            pool: self.pool,
-            sql: Statements::new(&D::TEMPLATES, table)?,
-        })
+        Self::on(self.pool, table)
     }
 
     /// Creates the table if it does not exist.
@@ -360,7 +422,59 @@ impl<D: Dialect> Table<D> {
     /// The table name, as given to [`with_table`](Self::with_table)
     /// (`task_leases` by default).
     pub fn table(&self) -> &str {
-        &self.sql.table
+        &self.table
+    }
+
+    /// The statement that adds the `fence` column to a table made for the
+    /// Go services (`name`, `holder`, `expires_at`), for this backend's
+    /// table: `ALTER TABLE {table} ADD COLUMN .. fence BIGINT NOT NULL DEFAULT 0`.
+    ///
+    /// For `task_leases` it is the file `migrations/from-go/<database>/0001_add_fence.sql`.
+    /// Existing rows, and rows the Go services insert, get the fence 0; the
+    /// next acquisition through this crate makes it 1 or more. The default
+    /// also tells this crate that the table is shared with services that
+    /// insert rows without a fence: see "Migrating from the Go packages" in
+    /// the README for what that changes and when to drop it.
+    ///
+    /// Run it with your migration tool or yourself; the backend never
+    /// alters a table. A backend on a table without the column answers its
+    /// first call with [`Error::Schema`], which quotes this statement.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let table = lease::backend::PgTable::new(pool);
+    /// assert_eq!(
+    ///     table.fence_migration(),
+    ///     "ALTER TABLE task_leases ADD COLUMN IF NOT EXISTS fence BIGINT NOT NULL DEFAULT 0"
+    /// );
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_migration(&self) -> &str {
+        &self.add_fence
+    }
+
+    /// The statements, and with them the pool: built at the first call,
+    /// after looking at the table ([`sealed::Calls::inspect`]); a call that
+    /// fails to look (the server is unreachable, the table is unusable)
+    /// leaves it to the next call to try again.
+    async fn ready(&self) -> Result<Ready<'_, D>, Error> {
+        let sql = match self.sql.get() {
+            Some(sql) => sql,
+            None => {
+                self.sql
+                    .get_or_try_init(|| async {
+                        let layout = D::inspect(self).await?;
+                        Ok::<_, Error>(Statements::new(&D::TEMPLATES, &self.table, &layout))
+                    })
+                    .await?
+            }
+        };
+        Ok(Ready {
+            pool: &self.pool,
+            sql,
+        })
     }
 
     /// Runs one autocommit statement, again after a transient error (the
@@ -394,12 +508,13 @@ impl<D: Dialect> Table<D> {
     /// `(position, renewed)` for each.
     async fn renew_chunk(
         &self,
+        t: Ready<'_, D>,
         holder: &str,
         at: &[usize],
         renewals: &[Renewal<'_>],
     ) -> Result<Vec<(usize, bool)>> {
         let batch: Vec<Renewal<'_>> = at.iter().map(|&i| renewals[i]).collect();
-        let renewed = self.run(|| D::renew_batch(self, holder, &batch)).await?;
+        let renewed = self.run(|| D::renew_batch(t, holder, &batch)).await?;
         Ok(at.iter().copied().zip(renewed).collect())
     }
 }
@@ -411,7 +526,8 @@ const ATTEMPTS: u32 = 6;
 impl<D: Dialect> Backend for Table<D> {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let ttl_ms = check(name, holder, ttl)?;
-        let fence = self.run(|| D::acquire(self, name, holder, ttl_ms)).await?;
+        let t = self.ready().await?;
+        let fence = self.run(|| D::acquire(t, name, holder, ttl_ms)).await?;
         fence
             .map(|f| Ok(Grant::new(Some(fence_token(f)?))))
             .transpose()
@@ -423,13 +539,15 @@ impl<D: Dialect> Backend for Table<D> {
             ttl_ms: check(lease.name, lease.holder, ttl)?,
             fence: fence_param(lease.fencing_token),
         };
-        self.run(|| D::renew(self, renewal, lease.holder)).await
+        let t = self.ready().await?;
+        self.run(|| D::renew(t, renewal, lease.holder)).await
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<()> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let fence = fence_param(lease.fencing_token);
-        self.run(|| D::release(self, lease.name, lease.holder, fence))
+        let t = self.ready().await?;
+        self.run(|| D::release(t, lease.name, lease.holder, fence))
             .await
     }
 
@@ -449,13 +567,14 @@ impl<D: Dialect> Backend for Table<D> {
                 None => groups.push((lease.holder, vec![i])),
             }
         }
+        let t = self.ready().await?;
         let chunks: Vec<(&str, &[usize])> = groups
             .iter()
             .flat_map(|(holder, at)| at.chunks(RENEW_MANY_CHUNK).map(move |c| (*holder, c)))
             .collect();
         let calls = chunks
             .iter()
-            .map(|&(holder, at)| self.renew_chunk(holder, at, &renewals));
+            .map(|&(holder, at)| self.renew_chunk(t, holder, at, &renewals));
         let results = if D::CONCURRENT_BATCHES {
             futures_util::future::join_all(calls).await
         } else {
@@ -510,6 +629,8 @@ fn list_size(n: usize) -> usize {
 /// SQL templates of one backend; `{table}` stands for the table name.
 pub(crate) struct Templates {
     pub(crate) create: &'static str,
+    /// Adds the `fence` column to a table made for the Go services.
+    pub(crate) add_fence: &'static str,
     pub(crate) acquire: &'static str,
     pub(crate) renew: &'static str,
     pub(crate) release: &'static str,
@@ -525,12 +646,43 @@ pub(crate) struct Templates {
     pub(crate) list_item: &'static str,
 }
 
+/// What the statements of a table look like beyond its name: the SQL put in
+/// for each placeholder of a dialect's templates (`{now}`, `{cutoff}`,
+/// `{pad}`, `{epoch}`: which clock, how a lease's liveness is judged at the
+/// column's precision, ...), in order (a value may contain a later
+/// placeholder). Every value comes from this crate's source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout(pub(crate) Vec<(&'static str, String)>);
+
+impl Layout {
+    /// No placeholders (the DDL, SQLite).
+    pub(crate) const NONE: Layout = Layout(Vec::new());
+}
+
+/// `template` with `table` and the values of `layout` filled in.
+///
+/// The table name is the only text that did not come from this crate's
+/// source, and it was validated ([`validate::table`]): an identifier of
+/// `[A-Za-z0-9_]` with at most one `.`, which cannot contain quotes,
+/// comments, whitespace, `;` or braces (so no placeholder either).
+fn fill(template: &str, table: &str, layout: &Layout) -> Arc<str> {
+    debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
+    let mut sql = template.replace(TABLE, table);
+    for (placeholder, value) in &layout.0 {
+        sql = sql.replace(placeholder, value);
+    }
+    debug_assert!(
+        !sql.contains('{'),
+        "BUG: a placeholder left unfilled in {sql}"
+    );
+    sql.into()
+}
+
 /// The statements of one table backend, built once from a validated table
-/// name. Cloning is a few reference-count increments.
+/// name and the table's [`Layout`]. Cloning is a few reference-count
+/// increments.
 #[derive(Clone, Debug)]
 pub(crate) struct Statements {
-    pub(crate) table: Arc<str>,
-    pub(crate) create: Arc<str>,
     pub(crate) acquire: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
@@ -542,17 +694,10 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// Validates `table` (see [`validate::table`]) and fills it into `templates`.
-    ///
-    /// This is the only place where text that did not come from this crate's
-    /// source is put into SQL, and it is an identifier of `[A-Za-z0-9_]` with at
-    /// most one `.`: it cannot contain quotes, comments, whitespace or `;`.
-    pub(crate) fn new(templates: &Templates, table: &str) -> Result<Self, Error> {
-        validate::table(table)?;
-        let fill = |template: &str| -> Arc<str> {
-            debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
-            template.replace(TABLE, table).into()
-        };
+    /// `templates` with `table` (validated by the caller, see [`fill`]) and
+    /// `layout` filled in.
+    pub(crate) fn new(templates: &Templates, table: &str, layout: &Layout) -> Self {
+        let fill = |template: &str| fill(template, table, layout);
         let lists = |template: &'static str| -> Arc<[Arc<str>]> {
             if template.is_empty() {
                 return Arc::new([]);
@@ -572,21 +717,119 @@ impl Statements {
                 })
                 .collect()
         };
-        Ok(Self {
-            table: table.into(),
-            create: fill(templates.create),
+        Self {
             acquire: fill(templates.acquire),
             renew: fill(templates.renew),
             release: fill(templates.release),
             renew_many: lists(templates.renew_many),
             renewed_many: lists(templates.renewed_many),
-        })
+        }
     }
+}
 
-    /// The statements for [`DEFAULT_TABLE`].
-    pub(crate) fn default_table(templates: &Templates) -> Self {
-        Self::new(templates, DEFAULT_TABLE).expect("BUG: the default table name is valid")
+/// A column of a lease table, as the server describes it.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Column {
+    /// The name, in lower case.
+    pub(crate) name: String,
+    /// The type's name, in lower case (`timestamptz`, `datetime`, `bigint`, ...).
+    pub(crate) kind: String,
+    /// Fractional-second digits, for a time column.
+    pub(crate) precision: Option<u32>,
+    /// It has a default value.
+    pub(crate) has_default: bool,
+    /// It may be NULL.
+    pub(crate) nullable: bool,
+    /// A unique index (or the primary key) is on this column alone.
+    pub(crate) unique: bool,
+}
+
+/// What a table backend needs to know of a table, once the rules every
+/// dialect shares hold ([`shape`]).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+pub(crate) struct Shape<'a> {
+    /// The `expires_at` column.
+    pub(crate) expires_at: &'a Column,
+    /// The table is shared with services that insert rows without a fence
+    /// (the Go services): the `fence` column has a default.
+    pub(crate) shared: bool,
+}
+
+/// The rules for a lease table's columns that do not depend on the dialect:
+/// the table exists; it has `name` (unique on its own: one row per lease),
+/// `holder`, `expires_at` and `fence` (an integer type of `integers`, NOT
+/// NULL). `add_fence` is the statement that adds a missing `fence`, `create`
+/// how to make the table.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn shape<'a>(
+    table: &str,
+    columns: &'a [Column],
+    integers: &[&str],
+    add_fence: &str,
+    create: &str,
+) -> Result<Shape<'a>, Error> {
+    let refuse = |problem: String, fix: String| Error::Schema {
+        table: table.to_owned(),
+        problem,
+        fix,
+    };
+    if columns.is_empty() {
+        return Err(refuse(
+            "the table does not exist (or this connection's user cannot see it)".to_owned(),
+            create.to_owned(),
+        ));
     }
+    let column = |name: &str| columns.iter().find(|c| c.name == name);
+    for name in ["name", "holder", "expires_at"] {
+        if column(name).is_none() {
+            return Err(refuse(
+                format!(
+                    "it has no column {name}; a lease table has the columns name, holder, \
+                     expires_at and fence"
+                ),
+                "give the backend a lease table (with_table names another one)".to_owned(),
+            ));
+        }
+    }
+    let Some(fence) = column("fence") else {
+        return Err(refuse(
+            "it has no column fence, which holds the fencing counter of each lease name \
+             (a table made for the Go services has only name, holder and expires_at)"
+                .to_owned(),
+            format!("add it with `{add_fence}`"),
+        ));
+    };
+    if !integers.contains(&fence.kind.as_str()) || fence.nullable {
+        return Err(refuse(
+            format!(
+                "its column fence is {}{}; it must be an integer column that is NOT NULL",
+                fence.kind,
+                if fence.nullable { " NULL" } else { "" },
+            ),
+            "make it BIGINT NOT NULL DEFAULT 0".to_owned(),
+        ));
+    }
+    if !column("name").is_some_and(|c| c.unique) {
+        return Err(refuse(
+            "its column name is not unique on its own (the primary key): two rows of one \
+             lease name would be two leases"
+                .to_owned(),
+            format!("make name the primary key: ALTER TABLE {table} ADD PRIMARY KEY (name)"),
+        ));
+    }
+    Ok(Shape {
+        expires_at: column("expires_at").expect("checked above"),
+        shared: fence.has_default,
+    })
+}
+
+/// The step between two values of a time column of `precision` fractional
+/// digits, in microseconds (1 for 6 digits, 1,000,000 for none).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn step_us(precision: Option<u32>) -> u32 {
+    10u32.pow(6 - precision.unwrap_or(6).min(6))
 }
 
 /// [`validate::call`], with the ttl as the `i64` milliseconds SQL binds.
@@ -660,17 +903,25 @@ mod tests {
 
     const T: Templates = Templates {
         create: "CREATE {table}",
-        acquire: "ACQUIRE {table} {table}",
-        renew: "RENEW {table}",
+        add_fence: "ADD {table}",
+        acquire: "ACQUIRE {table} {table} {now}",
+        renew: "RENEW {table} {cutoff}",
         release: "RELEASE {table}",
         renew_many: "MANY {table} IN ({list})",
         renewed_many: "",
         list_item: "(?, ?)",
     };
 
+    fn layout() -> Layout {
+        Layout(vec![
+            ("{cutoff}", "CUT({now})".to_owned()),
+            ("{now}", "NOW".to_owned()),
+        ])
+    }
+
     #[test]
     fn batch_statements_are_built_per_list_size() {
-        let s = Statements::new(&T, "t").expect("valid");
+        let s = Statements::new(&T, "t", &layout());
         assert_eq!(s.renew_many.len(), LIST_SIZES.len());
         assert_eq!(&*s.renew_many[0], "MANY t IN ((?, ?))");
         assert_eq!(&*s.renew_many[1], "MANY t IN ((?, ?), (?, ?))");
@@ -681,7 +932,7 @@ mod tests {
             renew_many: "MANY {table} $1",
             ..T
         };
-        let s = Statements::new(&arrays, "t").expect("valid");
+        let s = Statements::new(&arrays, "t", &layout());
         assert_eq!(s.renew_many.len(), 1);
         assert_eq!(&*s.renew_many[0], "MANY t $1");
     }
@@ -697,48 +948,179 @@ mod tests {
     }
 
     #[test]
-    fn statements_are_filled_with_the_validated_table() {
-        let s = Statements::new(&T, "my_schema.leases").expect("valid");
-        assert_eq!(&*s.table, "my_schema.leases");
-        assert_eq!(&*s.create, "CREATE my_schema.leases");
-        assert_eq!(&*s.acquire, "ACQUIRE my_schema.leases my_schema.leases");
-        assert_eq!(&*s.renew, "RENEW my_schema.leases");
+    fn statements_are_filled_with_the_table_and_the_layout_in_order() {
+        let s = Statements::new(&T, "my_schema.leases", &layout());
+        assert_eq!(&*s.acquire, "ACQUIRE my_schema.leases my_schema.leases NOW");
+        assert_eq!(&*s.renew, "RENEW my_schema.leases CUT(NOW)");
         assert_eq!(&*s.release, "RELEASE my_schema.leases");
-        assert_eq!(&*Statements::default_table(&T).table, "task_leases");
+        assert_eq!(
+            &*fill(T.add_fence, "my_schema.leases", &Layout::NONE),
+            "ADD my_schema.leases"
+        );
     }
 
-    #[test]
-    fn invalid_tables_are_rejected() {
-        for bad in ["leases; drop table x", "a b", "`x`", "x--", "a.b.c", ""] {
-            assert!(
-                matches!(Statements::new(&T, bad), Err(Error::InvalidTable { ref table }) if table == bad),
-                "{bad}"
-            );
-        }
-    }
-
-    /// The DDL of `ensure_schema` is the file in `migrations/`.
+    /// The DDL of `ensure_schema` is the file in `migrations/`, and
+    /// `fence_migration` the one in `migrations/from-go/`.
     #[test]
     fn migrations_are_the_default_ddl() {
         #[allow(unused_mut)]
         let mut pairs: Vec<(Arc<str>, &str)> = Vec::new();
         #[cfg(feature = "postgres")]
-        pairs.push((
-            Statements::default_table(&<PgDialect as sealed::Calls>::TEMPLATES).create,
-            include_str!("../../../migrations/postgres/0001_task_leases.sql"),
-        ));
+        {
+            let t = <PgDialect as sealed::Calls>::TEMPLATES;
+            pairs.push((
+                fill(t.create, DEFAULT_TABLE, &Layout::NONE),
+                include_str!("../../../migrations/postgres/0001_task_leases.sql"),
+            ));
+            pairs.push((
+                fill(t.add_fence, DEFAULT_TABLE, &Layout::NONE),
+                include_str!("../../../migrations/from-go/postgres/0001_add_fence.sql"),
+            ));
+        }
         #[cfg(feature = "mysql")]
-        pairs.push((
-            Statements::default_table(&<MySqlDialect as sealed::Calls>::TEMPLATES).create,
-            include_str!("../../../migrations/mysql/0001_task_leases.sql"),
-        ));
+        {
+            let t = <MySqlDialect as sealed::Calls>::TEMPLATES;
+            pairs.push((
+                fill(t.create, DEFAULT_TABLE, &Layout::NONE),
+                include_str!("../../../migrations/mysql/0001_task_leases.sql"),
+            ));
+            pairs.push((
+                fill(t.add_fence, DEFAULT_TABLE, &Layout::NONE),
+                include_str!("../../../migrations/from-go/mysql/0001_add_fence.sql"),
+            ));
+        }
         #[cfg(feature = "sqlite")]
         pairs.push((
-            Statements::default_table(&<SqliteDialect as sealed::Calls>::TEMPLATES).create,
+            fill(
+                <SqliteDialect as sealed::Calls>::TEMPLATES.create,
+                DEFAULT_TABLE,
+                &Layout::NONE,
+            ),
             include_str!("../../../migrations/sqlite/0001_task_leases.sql"),
         ));
         for (ddl, file) in pairs {
             assert_eq!(file, format!("{ddl};\n"));
+        }
+    }
+
+    /// Every placeholder of every dialect is filled by its default layout
+    /// (`fill` asserts it in debug builds).
+    #[test]
+    fn default_layouts_fill_every_placeholder() {
+        fn check<D: Dialect>() {
+            let s = Statements::new(&D::TEMPLATES, DEFAULT_TABLE, &D::default_layout());
+            for sql in [&s.acquire, &s.renew, &s.release]
+                .into_iter()
+                .chain(s.renew_many.iter())
+                .chain(s.renewed_many.iter())
+            {
+                assert!(!sql.contains('{'), "{sql}");
+            }
+        }
+        #[cfg(feature = "postgres")]
+        check::<PgDialect>();
+        #[cfg(feature = "mysql")]
+        check::<MySqlDialect>();
+        #[cfg(feature = "sqlite")]
+        check::<SqliteDialect>();
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    mod shapes {
+        use super::super::*;
+
+        fn column(name: &str, kind: &str) -> Column {
+            Column {
+                name: name.to_owned(),
+                kind: kind.to_owned(),
+                unique: name == "name",
+                ..Column::default()
+            }
+        }
+
+        fn go_table() -> Vec<Column> {
+            vec![
+                column("name", "text"),
+                column("holder", "text"),
+                Column {
+                    precision: Some(6),
+                    ..column("expires_at", "timestamptz")
+                },
+            ]
+        }
+
+        fn check(columns: &[Column]) -> Result<Shape<'_>, Error> {
+            shape("t", columns, &["int8"], "ADD FENCE", "CREATE")
+        }
+
+        fn problem(columns: &[Column]) -> (String, String) {
+            match check(columns) {
+                Err(Error::Schema {
+                    table,
+                    problem,
+                    fix,
+                }) => {
+                    assert_eq!(table, "t");
+                    (problem, fix)
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+
+        #[test]
+        fn a_missing_fence_is_named_with_the_statement_that_adds_it() {
+            let (problem, fix) = problem(&go_table());
+            assert!(problem.contains("no column fence"), "{problem}");
+            assert!(fix.contains("ADD FENCE"), "{fix}");
+            let error = check(&go_table()).expect_err("no fence").to_string();
+            assert!(
+                error.starts_with("lease table t cannot be used: it has no column fence"),
+                "{error}"
+            );
+            assert!(error.contains("ADD FENCE"), "{error}");
+        }
+
+        #[test]
+        fn a_table_with_a_fence_fits_and_its_default_says_it_is_shared() {
+            let mut columns = go_table();
+            columns.push(column("fence", "int8"));
+            let shape = check(&columns).expect("fits");
+            assert_eq!(shape.expires_at.kind, "timestamptz");
+            assert!(!shape.shared);
+            columns[3].has_default = true;
+            assert!(check(&columns).expect("fits").shared);
+        }
+
+        #[test]
+        fn unusable_tables_are_refused() {
+            assert!(problem(&[]).0.contains("does not exist"));
+            assert_eq!(problem(&[]).1, "CREATE");
+            let mut columns = go_table();
+            columns.push(column("fence", "int8"));
+            columns.remove(1);
+            assert!(problem(&columns).0.contains("no column holder"));
+
+            let mut columns = go_table();
+            columns.push(Column {
+                nullable: true,
+                ..column("fence", "int8")
+            });
+            assert!(problem(&columns).0.contains("NOT NULL"));
+            columns[3] = column("fence", "text");
+            assert!(problem(&columns).0.contains("fence is text"));
+
+            let mut columns = go_table();
+            columns.push(column("fence", "int8"));
+            columns[0].unique = false;
+            assert!(problem(&columns).0.contains("not unique"));
+        }
+
+        #[test]
+        fn steps_follow_the_precision() {
+            assert_eq!(step_us(None), 1);
+            assert_eq!(step_us(Some(6)), 1);
+            assert_eq!(step_us(Some(3)), 1_000);
+            assert_eq!(step_us(Some(0)), 1_000_000);
         }
     }
 

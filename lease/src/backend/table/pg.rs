@@ -2,7 +2,10 @@
 
 use sqlx::{AssertSqlSafe, Postgres};
 
-use super::{Renewal, Table, Templates, renewed_of, sealed};
+use super::{
+    Column, Layout, Ready, Renewal, Table, Templates, explain, renewed_of, sealed, shape, step_us,
+};
+use crate::Error;
 
 const TEMPLATES: Templates = Templates {
     create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
@@ -10,10 +13,12 @@ const TEMPLATES: Templates = Templates {
              holder TEXT NOT NULL,\n    \
              expires_at TIMESTAMPTZ NOT NULL,\n    \
              fence BIGINT NOT NULL\n)",
+    add_fence: "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS fence BIGINT NOT NULL DEFAULT 0",
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
-    // the idempotent re-acquire of our own live lease keeps it. When the row
-    // is held by someone else the WHERE fails and nothing is returned.
+    // the idempotent re-acquire of our own live lease keeps it (unless it is
+    // 0: a row the Go services inserted, which has no fence yet). When the
+    // row is held by someone else the WHERE fails and nothing is returned.
     //
     // The NOT EXISTS is a plain read that answers "held elsewhere" without
     // touching the row: ON CONFLICT DO UPDATE locks the conflicting row
@@ -21,38 +26,82 @@ const TEMPLATES: Templates = Templates {
     // a WAL record and a WAL flush at commit — for every contender that
     // finds the lease held, while the holder's release queues behind them.
     // The locked WHERE below still decides when the read saw a free row.
+    //
+    // `{pad}` and `{cutoff}` are empty and `clock_timestamp()` for a column
+    // of microseconds; for a coarser one see `layout`.
     acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
-              SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1 \
+              SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'{pad}, 1 \
               WHERE NOT EXISTS (SELECT 1 FROM {table} \
-              WHERE name = $1 AND holder <> $2 AND expires_at > clock_timestamp()) \
+              WHERE name = $1 AND holder <> $2 AND expires_at > {cutoff}) \
               ON CONFLICT (name) DO UPDATE SET \
               holder = EXCLUDED.holder, \
               expires_at = EXCLUDED.expires_at, \
-              fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
-              THEN l.fence ELSE l.fence + 1 END \
-              WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
+              fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > {cutoff} \
+              AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END \
+              WHERE l.expires_at <= {cutoff} OR l.holder = EXCLUDED.holder \
               RETURNING fence",
     // Renew and release match the acquisition: name, holder and fence.
     renew: "UPDATE {table} \
-            SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
-            WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > clock_timestamp()",
+            SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'{pad} \
+            WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > {cutoff}",
     // A released row expires at the epoch, not at "now": it is then expired
     // for every statement, whatever instant that statement takes as its
     // "now" (MySQL's is the statement's start, which may precede the
     // release when the statement waited for the release's row lock).
     release: "UPDATE {table} SET expires_at = TIMESTAMPTZ 'epoch' \
-              WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()",
+              WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > {cutoff}",
     // Many renewals in one statement: the names, ttls and fences as three
     // arrays; the (name, fence) of the rows renewed come back.
     renew_many: "UPDATE {table} AS l \
-                 SET expires_at = clock_timestamp() + b.ttl * interval '1 millisecond' \
+                 SET expires_at = clock_timestamp() + b.ttl * interval '1 millisecond'{pad} \
                  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS b(name, ttl, fence) \
                  WHERE l.name = b.name AND l.fence = b.fence AND l.holder = $4 \
-                 AND l.expires_at > clock_timestamp() \
+                 AND l.expires_at > {cutoff} \
                  RETURNING l.name, l.fence",
     renewed_many: "",
     list_item: "",
 };
+
+/// The statements' placeholders for an `expires_at` column whose values are
+/// `step` microseconds apart (`timestamptz(p)` keeps `p` fractional digits,
+/// 6 by default).
+///
+/// PostgreSQL rounds a value to the column's precision, so a stored expiry
+/// may lie up to half a step before the one its writer computed. For a
+/// coarser column than microseconds, this crate therefore writes its own
+/// expiries a step less a microsecond later (`{pad}`: rounded, they never
+/// end before the ttl), and counts any lease as live until a whole step
+/// after its stored expiry (`{cutoff}`: a lease written by someone else at
+/// that precision never ends early either). For microseconds both are
+/// nothing, and the statements are exactly the plain ones.
+fn layout(step: u32) -> Layout {
+    if step <= 1 {
+        return Layout(vec![
+            ("{pad}", String::new()),
+            ("{cutoff}", "clock_timestamp()".to_owned()),
+        ]);
+    }
+    Layout(vec![
+        ("{pad}", format!(" + interval '{} microseconds'", step - 1)),
+        (
+            "{cutoff}",
+            format!("(clock_timestamp() - interval '{step} microseconds')"),
+        ),
+    ])
+}
+
+/// The columns of the table `$1` (resolved like the statements resolve it,
+/// through the `search_path` unless schema-qualified): name, type, typmod
+/// (`timestamptz(p)`: `p`; -1 for the default), whether it has a default,
+/// may be NULL, and is unique on its own (a non-partial, immediate unique
+/// index of that column alone — what `ON CONFLICT (name)` needs). No rows:
+/// no such table.
+const INSPECT: &str = "SELECT a.attname::text, t.typname::text, a.atttypmod, a.atthasdef, \
+     NOT a.attnotnull, EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = a.attrelid \
+     AND i.indisunique AND i.indimmediate AND i.indnkeyatts = 1 AND i.indkey[0] = a.attnum \
+     AND i.indpred IS NULL AND i.indexprs IS NULL) \
+     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
 /// The advisory lock that serialises `PgTable::ensure_schema` across
 /// connections: concurrent `CREATE TABLE IF NOT EXISTS` of one table can fail
@@ -97,6 +146,27 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   RETURNING name, fence` per 1,000 leases.
 /// - Names containing a NUL byte cannot be stored in a `TEXT` column and
 ///   fail with [`Error::Database`](crate::Error::Database).
+/// - **Column types.** The first call looks the table up in the catalog
+///   (resolved through the `search_path` like the statements), see
+///   [`Table`]; `expires_at` may be
+///   - `timestamptz`, of any precision: an instant, the same for every
+///     session whatever its TimeZone;
+///   - `timestamp` (without time zone) only in a table that is not shared
+///     with the Go services (its `fence` has no default): this crate's own
+///     sessions agree on its meaning (sqlx sets their TimeZone to UTC), but
+///     a Go service writes `now() + ttl` into it converted to its own
+///     session's TimeZone, which may be another — a lease would then end
+///     hours early or late for one side. Refused with
+///     [`Error::Schema`](crate::Error::Schema) in a shared table; convert it with
+///     `ALTER TABLE task_leases ALTER COLUMN expires_at TYPE timestamptz`
+///     in a session whose TimeZone is the Go services'.
+///
+///   With fewer than 6 fractional digits (`timestamptz(0)`), PostgreSQL
+///   rounds what is stored: this crate then writes its expiries a step
+///   (less a microsecond) later, so they never end before the ttl, and
+///   counts every lease as live until a step after its stored expiry, so
+///   that a lease written by anyone else never ends early either. A takeover
+///   after a crash then waits up to one step longer.
 ///
 /// Everything else — fencing, release, round trips, the pool — is the same
 /// for every table backend: see [`Table`].
@@ -134,6 +204,84 @@ impl sealed::Calls for PgDialect {
     const TEMPLATES: Templates = TEMPLATES;
     const CONCURRENT_BATCHES: bool = true;
 
+    fn default_layout() -> Layout {
+        layout(1)
+    }
+
+    /// One query of the catalog; see [`PgTable`] for the rules.
+    async fn inspect(t: &Table<Self>) -> Result<Layout, Error> {
+        let rows: Vec<(String, String, i32, bool, bool, bool)> = explain(
+            &t.pool,
+            sqlx::query_as(INSPECT)
+                .bind(&*t.table)
+                .fetch_all(&t.pool)
+                .await,
+        )
+        .await?;
+        let columns: Vec<Column> = rows
+            .into_iter()
+            .map(
+                |(name, kind, typmod, has_default, nullable, unique)| Column {
+                    name,
+                    kind,
+                    precision: u32::try_from(typmod).ok(),
+                    has_default,
+                    nullable,
+                    unique,
+                },
+            )
+            .collect();
+        let table = &*t.table;
+        let create = format!(
+            "create it with ensure_schema(), or with `{}`",
+            t.create.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+        let shape = shape(
+            table,
+            &columns,
+            &["int8", "int4", "int2"],
+            &t.add_fence,
+            &create,
+        )?;
+        let refuse = |problem: String, fix: String| Error::Schema {
+            table: table.to_owned(),
+            problem,
+            fix,
+        };
+        match shape.expires_at.kind.as_str() {
+            "timestamptz" => {}
+            // This crate's own sessions all use one TimeZone (sqlx sets
+            // UTC), so among them a `timestamp` means the same everywhere.
+            "timestamp" if !shape.shared => {}
+            "timestamp" => {
+                return Err(refuse(
+                    "its column expires_at is `timestamp` (without time zone), and the table \
+                     is shared with services that insert rows without a fence (its column \
+                     fence has a default): they write `now() + ttl` into it converted to \
+                     their session's TimeZone, which this crate cannot know, so a replica \
+                     reading it in another TimeZone sees their leases end hours early or \
+                     late, and two replicas run the job at once"
+                        .to_owned(),
+                    format!(
+                        "make it timestamptz, in a session whose TimeZone is the one the Go \
+                         services' sessions use (the server's default if they set none), so \
+                         that the rows keep their meaning: `ALTER TABLE {table} ALTER COLUMN \
+                         expires_at TYPE timestamptz`; or, if no service inserts rows without a \
+                         fence, drop the default: `ALTER TABLE {table} ALTER COLUMN fence DROP \
+                         DEFAULT`"
+                    ),
+                ));
+            }
+            other => {
+                return Err(refuse(
+                    format!("its column expires_at is {other}; it must be timestamptz"),
+                    "make it timestamptz".to_owned(),
+                ));
+            }
+        }
+        Ok(layout(step_us(shape.expires_at.precision)))
+    }
+
     async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
         let mut tx = t.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
@@ -141,7 +289,7 @@ impl sealed::Calls for PgDialect {
             .bind(SCHEMA_LOCK.1)
             .execute(&mut *tx)
             .await?;
-        sqlx::query(AssertSqlSafe(t.sql.create.clone()))
+        sqlx::query(AssertSqlSafe(t.create.clone()))
             .execute(&mut *tx)
             .await?;
         tx.commit().await
@@ -151,7 +299,7 @@ impl sealed::Calls for PgDialect {
 
     /// The names, ttls and fences as three arrays; the rows renewed come back.
     async fn renew_batch(
-        t: &Table<Self>,
+        t: Ready<'_, Self>,
         holder: &str,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<bool>, sqlx::Error> {
@@ -164,8 +312,45 @@ impl sealed::Calls for PgDialect {
                 .bind(&ttls)
                 .bind(&fences)
                 .bind(holder)
-                .fetch_all(&t.pool)
+                .fetch_all(t.pool)
                 .await?;
         Ok(renewed_of(leases, &renewed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Statements;
+    use super::*;
+
+    /// On the table `ensure_schema` creates (`timestamptz`), renew and
+    /// release are the plain statements: the layout adds nothing.
+    #[test]
+    fn the_default_layout_adds_nothing() {
+        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1));
+        assert_eq!(
+            &*s.renew,
+            "UPDATE task_leases SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
+             WHERE name = $1 AND holder = $2 AND fence = $4 AND expires_at > clock_timestamp()"
+        );
+        assert_eq!(
+            &*s.release,
+            "UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
+             WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+        );
+        assert_eq!(<PgDialect as sealed::Calls>::default_layout(), layout(1));
+    }
+
+    /// A `timestamptz(0)` column: expiries padded by a step less a
+    /// microsecond, leases live until a step after.
+    #[test]
+    fn a_coarse_column_pads_and_waits_a_step() {
+        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1_000_000));
+        assert_eq!(
+            &*s.renew,
+            "UPDATE task_leases SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
+             + interval '999999 microseconds' WHERE name = $1 AND holder = $2 AND fence = $4 \
+             AND expires_at > (clock_timestamp() - interval '1000000 microseconds')"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 
-use super::{LIST_SIZES, Renewal, Table, Templates, list_size, renewed_of, sealed};
+use super::{LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed};
 use crate::Error;
 
 /// The host's wall clock as integer Unix milliseconds, computed by SQLite.
@@ -28,6 +28,7 @@ const TEMPLATES: Templates = Templates {
              holder TEXT NOT NULL,\n    \
              expires_at INTEGER NOT NULL /* unix time in ms, from the host clock */,\n    \
              fence INTEGER NOT NULL\n)",
+    add_fence: "ALTER TABLE {table} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
     // the idempotent re-acquire of our own live lease keeps it. The SET
@@ -234,6 +235,16 @@ impl sealed::Calls for SqliteDialect {
     const TEMPLATES: Templates = TEMPLATES;
     const CONCURRENT_BATCHES: bool = false;
 
+    fn default_layout() -> Layout {
+        Layout::NONE
+    }
+
+    /// Nothing to look at: the statements have no placeholders, and no
+    /// service of another kind shares a SQLite file.
+    async fn inspect(_: &Table<Self>) -> Result<Layout, Error> {
+        Ok(Layout::NONE)
+    }
+
     plain_create!();
 
     numbered_calls!();
@@ -241,7 +252,7 @@ impl sealed::Calls for SqliteDialect {
     /// `(name, ttl, fence)` triples, padded, then the holder; the rows
     /// renewed come back.
     async fn renew_batch(
-        t: &Table<Self>,
+        t: Ready<'_, Self>,
         holder: &str,
         leases: &[Renewal<'_>],
     ) -> Result<Vec<bool>, sqlx::Error> {
@@ -255,7 +266,7 @@ impl sealed::Calls for SqliteDialect {
         let renewed: Vec<(String, i64)> = padded
             .fold(query, |q, l| q.bind(l.name).bind(l.ttl_ms).bind(l.fence))
             .bind(holder)
-            .fetch_all(&t.pool)
+            .fetch_all(t.pool)
             .await?;
         Ok(renewed_of(leases, &renewed))
     }
