@@ -287,7 +287,7 @@ impl Target {
                 Ok(fence > 0)
             }
             Target::PgAdvisory(_, pool) => {
-                let key = PgAdvisory::sqlx_key(name);
+                let key = PgAdvisory::key(name);
                 let mut conn = pool.acquire().await?;
                 let (locked, _pid): (bool, i32) =
                     sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")

@@ -1272,7 +1272,7 @@ impl PgAdvisorySubject {
              AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
              AND objid::int8 = ($1::int8 & 4294967295)",
         )
-        .bind(PgAdvisory::sqlx_key(name))
+        .bind(PgAdvisory::key(name))
         .fetch_all(&self.admin)
         .await
         .expect("query pg_locks")
@@ -1477,4 +1477,8 @@ conformance!(mysql, super::mysql(), [every, many_leases, tables]);
 conformance!(pg_advisory, super::pg_advisory(), [every]);
 conformance!(redis, super::redis(), [every, many_leases]);
 // The Go locker's protocol on Redis: no fencing tokens.
-conformance!(redis_go_locker, super::redis_go_locker(), [every, many_leases]);
+conformance!(
+    redis_go_locker,
+    super::redis_go_locker(),
+    [every, many_leases]
+);

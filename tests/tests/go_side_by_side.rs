@@ -1116,10 +1116,10 @@ async fn pg_advisory_with_the_go_key_derivation() {
     let name = unique("job");
     let key = go_key(&name);
     let backend = PgAdvisory::new(pool.clone()).with_key(go_key);
-    assert_eq!(backend.key(&name), key);
+    assert_eq!(backend.lock_key(&name), key);
     assert_eq!(
-        PgAdvisory::new(pool.clone()).key(&name),
-        PgAdvisory::sqlx_key(&name)
+        PgAdvisory::new(pool.clone()).lock_key(&name),
+        PgAdvisory::key(&name)
     );
     let rust = Lease::with_holder(backend, "rust");
     let try_lock = "SELECT pg_try_advisory_lock($1)";

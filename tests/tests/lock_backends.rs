@@ -2,7 +2,8 @@
 //! package's two backends), driven through `lease::Lease` against real
 //! servers. What every backend shares is checked by the conformance suite;
 //! this file checks what only these two do: sqlx key interop, connection
-//! death, cancelled acquires and pool hygiene for `PgAdvisory`; key
+//! death, cancelled acquires, pool hygiene and runtime shutdown (no lock
+//! outlives the runtime that renews it; no drop panics) for `PgAdvisory`; key
 //! encoding, keys deleted or connections killed behind the holder's back,
 //! an unreachable server and fencing for `Redis`.
 //!
@@ -62,7 +63,7 @@ async fn pg_lockers(observer: &PgPool, name: &str) -> Vec<i32> {
         "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
          AND classid::int8 = (($1::int8 >> 32) & 4294967295) AND objid::int8 = ($1::int8 & 4294967295)",
     )
-    .bind(PgAdvisory::sqlx_key(name))
+    .bind(PgAdvisory::key(name))
     .fetch_all(observer)
     .await
     .expect("query pg_locks")
@@ -84,10 +85,7 @@ async fn pg_key_is_sqlx_advisory_lock_key() {
     let name = unique("pg-sqlx-interop");
     let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
     let sqlx_lock = PgAdvisoryLock::new(&name);
-    assert_eq!(
-        sqlx_lock.key().as_bigint(),
-        Some(PgAdvisory::sqlx_key(&name))
-    );
+    assert_eq!(sqlx_lock.key().as_bigint(), Some(PgAdvisory::key(&name)));
 
     // Held through lease: sqlx's own lock type, on another connection, cannot have it.
     let guard = pod_a
@@ -569,6 +567,315 @@ async fn pg_reacquire_never_stacks() {
     // The second guard shared the lock and learns that it is gone.
     assert!(cancelled_within(&second, ttl / 3 + SLACK).await.is_some());
     second.release().await.expect("release");
+}
+
+/// A runtime built by hand, as a program (or a test harness) does: current-
+/// thread for `threads == 0`, else multi-thread with that many workers.
+fn runtime(threads: usize) -> tokio::runtime::Runtime {
+    let mut builder = if threads == 0 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    builder.enable_all().build().expect("build a runtime")
+}
+
+/// From a runtime and a session of its own, wait (at most `limit`) until no
+/// session holds the advisory lock of `name`, then take and free it with
+/// `pg_try_advisory_lock`; how long the wait took, `None` if it stayed held.
+fn pg_freed_within(name: &str, limit: Duration) -> Option<Duration> {
+    runtime(0).block_on(async {
+        let observer = lease_tests::postgres()
+            .await
+            .expect("postgres answered a moment ago");
+        let freed = eventually(limit, || async {
+            pg_lockers(&observer, name).await.is_empty()
+        })
+        .await;
+        if freed.is_some() {
+            let mut conn = observer.acquire().await.expect("connection");
+            let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(PgAdvisory::key(name))
+                .fetch_one(&mut *conn)
+                .await
+                .expect("pg_try_advisory_lock");
+            assert!(
+                locked,
+                "no session holds the lock, yet another one cannot take it"
+            );
+            let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                .bind(PgAdvisory::key(name))
+                .fetch_one(&mut *conn)
+                .await
+                .expect("pg_advisory_unlock");
+            assert!(unlocked);
+        }
+        freed
+    })
+}
+
+#[test]
+fn pg_runtime_shutdown_frees_the_lock() {
+    // The guard, its `Lease` and the backend all outlive the runtime that
+    // acquired and renewed the lock — as with a global default `Lease` used
+    // across `#[tokio::test]` runtimes. Nothing can renew the lock any more,
+    // so nothing may keep it: a lock without expiry that outlives its
+    // runtime would block every other replica until the process exits.
+    let name = unique("pg-runtime-shutdown");
+    // A long ttl: the shutdown must free the lock, not some timeout.
+    let ttl = ms(60_000);
+    let rt = runtime(2);
+    let held = rt.block_on(async {
+        let pool = lease_tests::postgres().await?;
+        let backend = PgAdvisory::new(pool);
+        let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+        let guard = pod_a
+            .try_acquire(&name, ttl)
+            .await
+            .expect("acquire")
+            .expect("free");
+        Some((backend, pod_a, guard))
+    });
+    let Some((backend, pod_a, guard)) = held else {
+        return;
+    };
+    assert!(guard.is_valid());
+    let shut = Instant::now();
+    drop(rt);
+    assert!(
+        !guard.is_valid(),
+        "nothing renews the lease once its runtime is gone"
+    );
+    let freed = pg_freed_within(&name, ms(10_000));
+    println!(
+        "runtime shut down with the guard alive: lock free for another session: {freed:?} \
+         ({:?} after the shutdown)",
+        shut.elapsed()
+    );
+    assert!(
+        freed.is_some(),
+        "the lock is still held 10 s after the runtime that renewed it shut down"
+    );
+    // Outside any runtime: none of these drops may panic.
+    drop(guard);
+    drop(pod_a);
+    drop(backend);
+}
+
+#[test]
+fn pg_drops_outside_a_runtime_never_panic() {
+    // With `min_connections`, sqlx's `PoolConnection` spawns a task on every
+    // drop, which panics without a runtime.
+    let options = || PgPoolOptions::new().max_connections(4).min_connections(1);
+    let ttl = ms(60_000);
+
+    // The runtime is gone: guards, `Lease` and backend are dropped after it.
+    let names = [unique("pg-drop-no-runtime"), unique("pg-drop-no-runtime")];
+    let rt = runtime(0);
+    let held = rt.block_on(async {
+        let pool = lease_tests::postgres_with(options()).await?;
+        let backend = PgAdvisory::new(pool);
+        let pod_a = Lease::with_holder(backend.clone(), "pod-a");
+        let mut guards = Vec::new();
+        for name in &names {
+            guards.push(
+                pod_a
+                    .try_acquire(name, ttl)
+                    .await
+                    .expect("acquire")
+                    .expect("free"),
+            );
+        }
+        Some((backend, pod_a, guards))
+    });
+    let Some((backend, pod_a, mut guards)) = held else {
+        return;
+    };
+    rt.shutdown_timeout(ms(1000));
+    drop(guards.pop());
+    drop(pod_a);
+    drop(backend);
+    drop(guards);
+    for name in &names {
+        assert!(
+            pg_freed_within(name, ms(10_000)).is_some(),
+            "{name} still held"
+        );
+    }
+
+    // The runtime lives, but the last clone of the backend (the backend
+    // alone: a `Lease`'s scheduler would keep a clone on the runtime) is
+    // dropped on a thread outside it.
+    let name = unique("pg-drop-no-runtime");
+    let rt = runtime(1);
+    let backend = rt.block_on(async {
+        let backend = PgAdvisory::new(lease_tests::postgres_with(options()).await?);
+        let grant = lease::Backend::acquire(&backend, &name, "pod-a", ttl).await;
+        assert!(grant.expect("acquire").is_some(), "free");
+        Some(backend)
+    });
+    let Some(backend) = backend else {
+        return;
+    };
+    drop(backend);
+    assert!(
+        pg_freed_within(&name, ms(10_000)).is_some(),
+        "{name} still held"
+    );
+    drop(rt);
+}
+
+#[test]
+fn pg_renewing_runtime_shutdown_frees_the_lock() {
+    // A `Lease` renews every lease it holds on the runtime of its scheduler,
+    // which is the runtime that acquired its first lease, not necessarily
+    // the one that acquired this lock. When the renewing runtime shuts down,
+    // the runtime that acquired the lock (and the guard) live on, but
+    // nothing renews the lock: it must not stay held.
+    let ttl = ms(1500);
+    let renewer = runtime(1);
+    let acquirer = runtime(1);
+    let (warm, name) = (unique("pg-renewer"), unique("pg-unrenewed"));
+    let Some(pool) = acquirer.block_on(lease_tests::postgres()) else {
+        return;
+    };
+    let pod_a = Lease::with_holder(PgAdvisory::new(pool), "pod-a");
+    // The scheduler starts on `renewer` ...
+    let warm_guard = renewer
+        .block_on(pod_a.try_acquire(&warm, ttl))
+        .expect("acquire")
+        .expect("free");
+    // ... and renews the lease acquired on `acquirer` too.
+    let guard = acquirer
+        .block_on(pod_a.try_acquire(&name, ttl))
+        .expect("acquire")
+        .expect("free");
+    std::thread::sleep(ttl);
+    assert!(
+        guard.is_valid(),
+        "renewed by the scheduler on the other runtime"
+    );
+
+    let shut = Instant::now();
+    drop(renewer);
+    assert!(!guard.is_valid(), "nothing renews it any more");
+    let freed = pg_freed_within(&name, ms(10_000));
+    println!(
+        "renewing runtime shut down, acquiring runtime alive: lock free: {freed:?} \
+         ({:?} after the shutdown)",
+        shut.elapsed()
+    );
+    assert!(
+        freed.is_some(),
+        "the lock is still held 10 s after the runtime that renewed it shut down"
+    );
+    assert!(
+        pg_freed_within(&warm, ms(10_000)).is_some(),
+        "{warm} still held"
+    );
+    // Released on the live runtime: a no-op now, and nothing panics.
+    acquirer.block_on(async {
+        guard.release().await.expect("release");
+        drop(warm_guard);
+    });
+}
+
+#[test]
+fn pg_lock_is_kept_while_its_renewing_runtime_runs() {
+    // The converse: the runtime that acquired the lock shuts down after a
+    // heartbeat ran on the scheduler's runtime, which lives on. The lock is
+    // renewed there, so it stays held and valid. (Its connection was opened
+    // on the scheduler's runtime: a socket opened on a runtime that shut
+    // down cannot be used any more, and the next heartbeat would lose it.)
+    let ttl = ms(900);
+    let renewer = runtime(1);
+    let (warm, name) = (unique("pg-renewer"), unique("pg-kept"));
+    let Some((pool, observer)) = renewer.block_on(async {
+        let options = PgPoolOptions::new().max_connections(2);
+        Some((
+            lease_tests::postgres_with(options).await?,
+            lease_tests::postgres().await?,
+        ))
+    }) else {
+        return;
+    };
+    let pod_a = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod-a");
+    // The scheduler starts on `renewer`, and a second connection is opened
+    // there and left idle in the pool for the lock below.
+    let warm_guard = renewer.block_on(async {
+        let warm_guard = pod_a
+            .try_acquire(&warm, ttl)
+            .await
+            .expect("acquire")
+            .expect("free");
+        drop(pool.acquire().await.expect("connection"));
+        let idle = eventually(ms(2000), || async { pool.num_idle() == 1 }).await;
+        assert!(idle.is_some(), "the connection went back to the pool");
+        warm_guard
+    });
+    let acquirer = runtime(1);
+    let guard = acquirer
+        .block_on(pod_a.try_acquire(&name, ttl))
+        .expect("acquire")
+        .expect("free");
+    // A heartbeat (every ttl/3) runs on `renewer`, which keeps the lock from then on.
+    std::thread::sleep(ttl / 3 + ms(200));
+    drop(acquirer);
+    std::thread::sleep(ttl * 2);
+    assert!(guard.is_valid(), "renewed by the runtime that lives on");
+    let lockers = renewer.block_on(pg_lockers(&observer, &name));
+    assert_eq!(lockers.len(), 1, "still held by one session");
+    renewer.block_on(async {
+        guard.release().await.expect("release");
+        warm_guard.release().await.expect("release");
+        assert!(pg_lockers(&observer, &name).await.is_empty());
+    });
+}
+
+#[test]
+fn pg_drop_while_thread_storage_is_torn_down_never_panics() {
+    // The last clone of a backend dropped by a thread-local's destructor,
+    // after Tokio's own thread-local context is gone: no runtime can be
+    // entered on that thread any more, and with `min_connections` sqlx's
+    // drop of a pool connection spawns a task. A panic in a thread-local's
+    // destructor aborts the process. With and without `min_connections`.
+    thread_local! {
+        static KEPT: std::cell::RefCell<Vec<PgAdvisory>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    let names = [unique("pg-drop-tls"), unique("pg-drop-tls")];
+    let rt = runtime(1);
+    let mut pools = Vec::new();
+    for min in [1, 0] {
+        let options = PgPoolOptions::new().max_connections(4).min_connections(min);
+        let Some(pool) = rt.block_on(lease_tests::postgres_with(options)) else {
+            return;
+        };
+        pools.push(pool);
+    }
+    let handle = rt.handle().clone();
+    let thread_names = names.clone();
+    std::thread::spawn(move || {
+        // Destructors of thread-locals run last registered, first run:
+        // touching `KEPT` before Tokio's context makes it run after.
+        KEPT.with(|_| ());
+        for (pool, name) in pools.into_iter().zip(&thread_names) {
+            let backend = PgAdvisory::new(pool);
+            let grant =
+                handle.block_on(lease::Backend::acquire(&backend, name, "pod-a", ms(60_000)));
+            assert!(grant.expect("acquire").is_some(), "free");
+            KEPT.with(|k| k.borrow_mut().push(backend));
+        }
+    })
+    .join()
+    .expect("the thread ends without panicking");
+    for name in &names {
+        let freed = pg_freed_within(name, ms(10_000));
+        println!("backend dropped by a thread-local's destructor: lock free: {freed:?}");
+        assert!(freed.is_some(), "{name} still held");
+    }
+    drop(rt);
 }
 
 // --------------------------------------------------------------------- Redis

@@ -1,11 +1,14 @@
 //! [`PgAdvisory`]: PostgreSQL session advisory locks, one connection per held lock.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
+use tokio::runtime::{self, Handle};
+use tokio_util::sync::CancellationToken;
 
 use crate::{Acquisition, Backend, Error, Grant};
 
@@ -36,14 +39,16 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 ///   (connection) holding it, however long that is: the `ttl` passed to
 ///   [`Lease`](crate::Lease) only sets the heartbeat cadence (`ttl/3`) and the
 ///   local deadline after which the holder's token is cancelled if no
-///   heartbeat has succeeded. A process that crashes loses its locks as soon
-///   as PostgreSQL notices the dead connection — at once for a clean exit or
-///   a killed process (the kernel closes the socket), but for a host that
-///   vanishes only when TCP keepalive (the server's `tcp_keepalives_*`
-///   settings) or `tcp_user_timeout` gives up. A process that is paused but
-///   alive (a long GC or VM pause, `SIGSTOP`) keeps its locks: nobody else
-///   can take them over in the meantime, but when it resumes its token may
-///   already have been cancelled by the local deadline.
+///   heartbeat has succeeded. This backend keeps that session open only
+///   while the runtime that renews the lock runs (see
+///   [Runtime shutdown](#runtime-shutdown)). A process that crashes loses its
+///   locks as soon as PostgreSQL notices the dead connection — at once for a
+///   clean exit or a killed process (the kernel closes the socket), but for a
+///   host that vanishes only when TCP keepalive (the server's
+///   `tcp_keepalives_*` settings) or `tcp_user_timeout` gives up. A process
+///   that is paused but alive (a long GC or VM pause, `SIGSTOP`) keeps its
+///   locks: nobody else can take them over in the meantime, but when it
+///   resumes its token may already have been cancelled by the local deadline.
 /// - **Takeover after the holder's connection dies**, not after `ttl`: as
 ///   soon as the session ends (for example `pg_terminate_backend`), the lock
 ///   is free for the next `try_acquire`; the old holder's next heartbeat fails
@@ -110,6 +115,29 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 /// Clones share their locks. Dropping the last clone closes the connection
 /// of every lock still held, which ends those locks.
 ///
+/// # Runtime shutdown
+///
+/// A lock without expiry must not outlive what renews it. Each held lock is
+/// kept by the Tokio runtime of its last successful acquire or heartbeat —
+/// the runtime that runs its `Lease`'s renewals, normally also the one that
+/// acquired it — through a small task that this backend starts once on
+/// every runtime that uses it. When that runtime shuts down while the lock
+/// is held, the task is dropped and its drop closes the connection of every
+/// lock the runtime keeps — even if the guards, their `Lease` and this
+/// backend live on, as with a global default `Lease` used across
+/// `#[tokio::test]` runtimes. The lock is then free for other sessions as
+/// soon as the server sees the connection end, and the holder's token is
+/// cancelled, since nothing renews the lease any more. (A runtime that
+/// acquired a lock and shuts down before its first heartbeat ran on another
+/// runtime closes it too; the holder then learns at its next heartbeat, as
+/// when a connection dies.)
+///
+/// Closing a connection never blocks and never panics, inside a runtime or
+/// outside any (the guard, the `Lease` or the last clone of this backend
+/// dropped after the runtime is gone, or on another thread): outside, the
+/// connection is closed on the runtime that acquired it, and if that runtime
+/// is gone its socket is dropped at once.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -151,16 +179,179 @@ pub struct PgAdvisory {
     key_of: fn(&str) -> i64,
 }
 
-/// The locks held, by `(name, holder)`.
-type HeldLocks = HashMap<(String, String), Arc<Slot>>;
+/// The locks held, and the keeper of each runtime that keeps one.
+#[derive(Debug, Default)]
+struct HeldLocks {
+    /// By `(name, holder)`.
+    slots: HashMap<(String, String), Arc<Slot>>,
+    /// The [`Keeper`] of each runtime that acquired or renewed a lock of
+    /// this backend, until that runtime shuts down or the backend is dropped.
+    keepers: HashMap<runtime::Id, Arc<KeeperLink>>,
+}
 
-/// One held lock: the key and (unless an operation has it out) its connection.
+impl Drop for HeldLocks {
+    fn drop(&mut self) {
+        // The last clone of the backend is gone: the keepers stop (the slots,
+        // dropped with this map, close their connections).
+        for link in self.keepers.values() {
+            link.stop.cancel();
+        }
+    }
+}
+
+/// One held lock: the key, and its connection unless an operation has it out.
 #[derive(Debug)]
 struct Slot {
     key: i64,
-    /// `None` once the connection was closed or released. An async mutex so
-    /// that a release waits for a heartbeat in flight on the same connection.
-    held: tokio::sync::Mutex<Option<Held>>,
+    /// Taken by every operation on the connection for as long as it runs,
+    /// so that a release waits for a heartbeat in flight.
+    turn: tokio::sync::Mutex<()>,
+    /// The connection and its fate. A std mutex, never held across an
+    /// `.await`, so that a keeper's drop can close the connection when no
+    /// runtime is left to run anything.
+    state: Mutex<SlotState>,
+}
+
+#[derive(Debug)]
+struct SlotState {
+    /// `None` while an operation has the connection out, and once it is gone.
+    held: Option<Held>,
+    /// The connection was released or closed, or is to be closed when the
+    /// operation that has it out is done: nothing may put it back.
+    ended: bool,
+    /// The runtime that keeps it: the runtime of its last successful acquire
+    /// or heartbeat. When that runtime shuts down, its [`Keeper`] ends it.
+    runtime: runtime::Id,
+}
+
+impl Slot {
+    fn new(key: i64, held: Held, runtime: runtime::Id) -> Arc<Self> {
+        Arc::new(Self {
+            key,
+            turn: tokio::sync::Mutex::new(()),
+            state: Mutex::new(SlotState {
+                held: Some(held),
+                ended: false,
+                runtime,
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        // Every update is a few assignments that cannot panic.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The connection, to run a query on (under `turn`); `None` once the
+    /// slot has ended.
+    fn take(&self) -> Option<Held> {
+        let mut state = self.state();
+        if state.ended {
+            return None;
+        }
+        state.held.take()
+    }
+
+    /// Put the connection back after a successful heartbeat: `Ok` with the
+    /// runtime that keeps it, or `Err` with the connection, to close, if the
+    /// slot ended meanwhile.
+    fn put_back(&self, held: Held) -> Result<runtime::Id, Held> {
+        let mut state = self.state();
+        if state.ended {
+            return Err(held);
+        }
+        state.held = Some(held);
+        Ok(state.runtime)
+    }
+
+    /// End the slot: nothing puts the connection back any more. Returns the
+    /// connection unless an operation has it out (which then closes it) or
+    /// it is gone; dropping it closes it.
+    fn end(&self) -> Option<Held> {
+        let mut state = self.state();
+        state.ended = true;
+        state.held.take()
+    }
+}
+
+/// What a runtime's [`Keeper`] shares with the backend.
+#[derive(Debug, Default)]
+struct KeeperLink {
+    /// Tells the keeper to stop without ending anything: the backend is gone,
+    /// or another keeper of the same runtime was registered first.
+    stop: CancellationToken,
+    /// The keeper was dropped: its runtime is shutting down (or refused to
+    /// run it). Set before it ends its runtime's slots.
+    gone: AtomicBool,
+}
+
+/// A task per runtime that acquires or renews locks of a backend, which
+/// sees to it that no lock outlives what renews it. It waits until told to
+/// stop. Dropped before — its runtime shuts down — it ends every slot that
+/// runtime keeps (see [`SlotState::runtime`]) and closes their connections:
+/// nothing renews those locks any more.
+struct Keeper {
+    runtime: runtime::Id,
+    link: Arc<KeeperLink>,
+    locks: Weak<Mutex<HeldLocks>>,
+    /// Told to stop: its drop ends nothing.
+    stopped: bool,
+}
+
+impl Keeper {
+    async fn run(mut self) {
+        self.link.stop.cancelled().await;
+        self.stopped = true;
+    }
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        // Before the map is locked: a slot registered with this keeper from
+        // now on is registered after the sweep below, which sees it, or it
+        // sees `gone` and is not registered.
+        self.link.gone.store(true, Ordering::SeqCst);
+        let Some(locks) = self.locks.upgrade() else {
+            return;
+        };
+        let mut closing = Vec::new();
+        let mut removed = Vec::new();
+        {
+            let mut locks = locks.lock().unwrap_or_else(|e| e.into_inner());
+            if locks
+                .keepers
+                .get(&self.runtime)
+                .is_some_and(|l| Arc::ptr_eq(l, &self.link))
+            {
+                locks.keepers.remove(&self.runtime);
+            }
+            locks.slots.retain(|(name, holder), slot| {
+                let mut state = slot.state();
+                if state.ended || state.runtime != self.runtime {
+                    return true;
+                }
+                state.ended = true;
+                // An operation that has the connection out closes it.
+                let held = state.held.take();
+                drop(state);
+                tracing::debug!(
+                    lease.name = name,
+                    holder,
+                    pid = held.as_ref().map(|h| h.pid),
+                    "the runtime keeping the advisory lock is shutting down; closing its connection"
+                );
+                closing.extend(held);
+                removed.push(slot.clone());
+                false
+            });
+        }
+        // Closed under no lock.
+        drop(closing);
+        drop(removed);
+    }
 }
 
 #[derive(Debug)]
@@ -171,8 +362,17 @@ struct Held {
 }
 
 /// A pool connection that is closed — never returned to the pool — when
-/// dropped, unless [`disarm`](Armed::disarm)ed.
-struct Armed(Option<PoolConnection<Postgres>>);
+/// dropped, unless [`disarm`](Armed::disarm)ed. The drop never blocks and
+/// never panics, inside a runtime or not.
+struct Armed {
+    conn: Option<PoolConnection<Postgres>>,
+    /// The runtime it was acquired on: to close it on when dropped outside
+    /// any runtime (if that runtime is gone too, its socket is dropped at once).
+    runtime: Handle,
+    /// The pool keeps `min_connections`: sqlx's drop of a pool connection
+    /// then always spawns a task, and panics where it cannot.
+    spawns_on_drop: bool,
+}
 
 impl std::fmt::Debug for Armed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -181,31 +381,89 @@ impl std::fmt::Debug for Armed {
 }
 
 impl Armed {
+    fn new(conn: PoolConnection<Postgres>, runtime: Handle, pool: &PgPool) -> Self {
+        Self {
+            conn: Some(conn),
+            runtime,
+            spawns_on_drop: pool.options().get_min_connections() > 0,
+        }
+    }
+
     fn conn(&mut self) -> &mut PgConnection {
-        self.0
+        self.conn
             .as_mut()
             .expect("BUG: armed connection already taken")
     }
 
     /// The connection, to be returned to the pool when dropped.
     fn disarm(mut self) -> PoolConnection<Postgres> {
-        self.0.take().expect("BUG: armed connection already taken")
+        self.conn
+            .take()
+            .expect("BUG: armed connection already taken")
     }
 }
 
 impl Drop for Armed {
     fn drop(&mut self) {
-        let Some(mut conn) = self.0.take() else {
-            return;
-        };
-        if tokio::runtime::Handle::try_current().is_ok() {
-            // Closed gracefully in a task sqlx spawns (Terminate, then the
-            // socket); the pool keeps the permit until it is closed.
+        if let Some(conn) = self.conn.take() {
+            close(conn, &self.runtime, self.spawns_on_drop);
+        }
+    }
+}
+
+/// Close `conn` instead of returning it to the pool, wherever this runs:
+/// without blocking, and without letting sqlx panic for want of a runtime.
+fn close(mut conn: PoolConnection<Postgres>, runtime: &Handle, spawns_on_drop: bool) {
+    match Handle::try_current() {
+        // Closed gracefully in a task sqlx spawns here (Terminate, then the
+        // socket; the pool keeps the permit until it is closed). On a runtime
+        // that is shutting down, the task is dropped at once, and the socket
+        // with it.
+        Ok(_) => {
             conn.close_on_drop();
             drop(conn);
-        } else {
-            // No runtime to close it on: drop the socket right here.
-            drop(conn.detach());
+        }
+        // Outside any runtime: the same on the runtime it was acquired on.
+        Err(e) if !e.is_thread_local_destroyed() => {
+            let _entered = runtime.enter();
+            conn.close_on_drop();
+            drop(conn);
+        }
+        // This thread's storage is being torn down: no runtime can be
+        // entered here. With nothing to spawn, detaching drops the socket
+        // right here.
+        Err(_) if !spawns_on_drop => drop(conn.detach()),
+        // Otherwise on a thread of its own.
+        Err(_) => {
+            let conn = Unclosed(Some(conn));
+            let runtime = runtime.clone();
+            let started = std::thread::Builder::new()
+                .name("lease-pg-close".to_owned())
+                .spawn(move || {
+                    let mut conn = conn;
+                    if let Some(conn) = conn.0.take() {
+                        close(conn, &runtime, spawns_on_drop);
+                    }
+                });
+            if let Err(e) = started {
+                tracing::error!(
+                    error = %e,
+                    "could not start a thread to close an advisory lock's connection; \
+                     it stays open until the process exits"
+                );
+            }
+        }
+    }
+}
+
+/// A connection on its way to a thread that closes it: if the thread never
+/// starts, it is leaked rather than dropped where dropping it panics.
+struct Unclosed(Option<PoolConnection<Postgres>>);
+
+impl Drop for Unclosed {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            std::mem::forget(conn);
         }
     }
 }
@@ -214,7 +472,7 @@ impl std::fmt::Debug for PgAdvisory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgAdvisory")
             .field("pool", &self.pool)
-            .field("held", &self.held().len())
+            .field("held", &self.held().slots.len())
             .finish()
     }
 }
@@ -225,12 +483,12 @@ impl PgAdvisory {
         Self {
             pool,
             held: Arc::default(),
-            key_of: Self::sqlx_key,
+            key_of: Self::key,
         }
     }
 
     /// The same backend, with `key` deriving the advisory-lock key of each
-    /// lease name (instead of [`sqlx_key`](PgAdvisory::sqlx_key)): to share
+    /// lease name (instead of [`key`](PgAdvisory::key)): to share
     /// locks with programs that derive keys another way — the Go `lock.PG`
     /// locker of the services a migration replaces, whose derivation its
     /// docs do not give (take it from its source).
@@ -268,9 +526,9 @@ impl PgAdvisory {
     }
 
     /// The advisory-lock key this backend locks for the lease `name`:
-    /// [`sqlx_key`](PgAdvisory::sqlx_key) unless [`with_key`](PgAdvisory::with_key)
+    /// [`key`](PgAdvisory::key) unless [`with_key`](PgAdvisory::with_key)
     /// set another derivation.
-    pub fn key(&self, name: &str) -> i64 {
+    pub fn lock_key(&self, name: &str) -> i64 {
         (self.key_of)(name)
     }
 
@@ -284,10 +542,10 @@ impl PgAdvisory {
     /// use lease::backend::PgAdvisory;
     /// use sqlx::postgres::{PgAdvisoryLock, PgAdvisoryLockKey};
     ///
-    /// let key = PgAdvisory::sqlx_key("nightly-report");
+    /// let key = PgAdvisory::key("nightly-report");
     /// assert_eq!(PgAdvisoryLock::new("nightly-report").key(), &PgAdvisoryLockKey::BigInt(key));
     /// ```
-    pub fn sqlx_key(name: &str) -> i64 {
+    pub fn key(name: &str) -> i64 {
         PgAdvisoryLock::new(name)
             .key()
             .as_bigint()
@@ -302,17 +560,76 @@ impl PgAdvisory {
 
     fn slot(&self, name: &str, holder: &str) -> Option<Arc<Slot>> {
         self.held()
+            .slots
             .get(&(name.to_owned(), holder.to_owned()))
             .cloned()
+    }
+
+    /// Have the keeper of `runtime` keep `slot`, starting one if this runtime
+    /// has none yet; with `key`, put `slot` in the map too, and return the
+    /// slot it replaces. `Err` if the runtime is shutting down: then `slot`
+    /// is neither kept nor put in the map.
+    fn keep(
+        &self,
+        slot: &Arc<Slot>,
+        runtime: &Handle,
+        key: Option<(String, String)>,
+    ) -> Result<Option<Arc<Slot>>, ()> {
+        let id = runtime.id();
+        let mut started: Option<Arc<KeeperLink>> = None;
+        loop {
+            let mut locks = self.held();
+            let live = locks
+                .keepers
+                .get(&id)
+                .is_some_and(|l| !l.gone.load(Ordering::SeqCst));
+            if live {
+                if let Some(ours) = started.take() {
+                    // Another call registered one meanwhile.
+                    ours.stop.cancel();
+                }
+            } else if let Some(ours) = started.take() {
+                if ours.gone.load(Ordering::SeqCst) {
+                    return Err(());
+                }
+                locks.keepers.insert(id, ours);
+            } else {
+                drop(locks);
+                let link = Arc::new(KeeperLink::default());
+                let keeper = Keeper {
+                    runtime: id,
+                    link: link.clone(),
+                    locks: Arc::downgrade(&self.held),
+                    stopped: false,
+                };
+                // Spawned under no lock: a runtime that is shutting down
+                // drops the task, and runs the keeper's drop, inside `spawn`.
+                drop(runtime.spawn(keeper.run()));
+                started = Some(link);
+                continue;
+            }
+            // Under the map's lock: the keeper, if its runtime shuts down
+            // from now on, finds the slot.
+            slot.state().runtime = id;
+            return Ok(match key {
+                Some(key) => locks.slots.insert(key, slot.clone()),
+                None => None,
+            });
+        }
     }
 
     /// Forget `slot` for `(name, holder)` if it is still the one in the map.
     fn forget(&self, name: &str, holder: &str, slot: &Arc<Slot>) {
         let mut held = self.held();
         let k = (name.to_owned(), holder.to_owned());
-        if held.get(&k).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-            held.remove(&k);
-        }
+        let removed = if held.slots.get(&k).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            held.slots.remove(&k)
+        } else {
+            None
+        };
+        // Not dropped under the lock.
+        drop(held);
+        drop(removed);
     }
 
     /// Does the connection of `slot` still hold its lock? Asked in a task of
@@ -330,13 +647,14 @@ impl PgAdvisory {
     }
 
     /// The heartbeat query on the connection of `slot`. Any failure closes
-    /// the connection and answers `false`; so does dropping this future.
+    /// the connection and answers `false`; so does dropping this future. A
+    /// success hands the keeping of the connection to this runtime.
     async fn heartbeat(&self, name: &str, holder: &str, slot: &Arc<Slot>, limit: Duration) -> bool {
-        let mut guard = slot.held.lock().await;
+        let turn = slot.turn.lock().await;
         // Out of the slot while the query runs: if this future is dropped,
         // `held` is dropped with it and its connection closed.
-        let Some(mut held) = guard.take() else {
-            drop(guard);
+        let Some(mut held) = slot.take() else {
+            drop(turn);
             self.forget(name, holder, slot);
             return false;
         };
@@ -344,10 +662,27 @@ impl PgAdvisory {
             .bind(slot.key)
             .fetch_one(held.conn.conn());
         let why = match tokio::time::timeout(limit, check).await {
-            Ok(Ok(true)) => {
-                *guard = Some(held);
-                return true;
-            }
+            Ok(Ok(true)) => match slot.put_back(held) {
+                Ok(kept_by) => match Handle::try_current() {
+                    // Renewed on another runtime than the one that kept it:
+                    // this one keeps it from now on.
+                    Ok(runtime) if runtime.id() != kept_by => {
+                        if self.keep(slot, &runtime, None).is_ok() {
+                            return true;
+                        }
+                        // This runtime is shutting down.
+                        drop(slot.end());
+                        drop(turn);
+                        self.forget(name, holder, slot);
+                        return false;
+                    }
+                    _ => return true,
+                },
+                Err(back) => {
+                    held = back;
+                    "the runtime keeping it shut down meanwhile".to_owned()
+                }
+            },
             Ok(Ok(false)) => "its session no longer holds the lock".to_owned(),
             Ok(Err(e)) => format!("the heartbeat query failed: {}", Error::from(e).chain()),
             Err(_) => format!("the heartbeat query did not answer within {limit:?}"),
@@ -359,7 +694,8 @@ impl PgAdvisory {
             "advisory lock lost ({why}); closing its connection"
         );
         drop(held);
-        drop(guard);
+        drop(slot.end());
+        drop(turn);
         self.forget(name, holder, slot);
         false
     }
@@ -374,19 +710,28 @@ impl Backend for PgAdvisory {
     /// for `holder`) runs the heartbeat on the existing connection instead
     /// of locking again, since session locks would stack; if that lock turns
     /// out to be gone, it acquires afresh.
+    ///
+    /// A lock taken is kept by the current runtime until a heartbeat runs on
+    /// another (see [Runtime shutdown](PgAdvisory#runtime-shutdown)):
+    /// [`Error::NoRuntime`] outside a Tokio runtime, or if the runtime is
+    /// shutting down (the lock just taken is then closed at once).
     async fn acquire(
         &self,
         name: &str,
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<Grant>, Error> {
+        // Where the lock is kept (see `Keeper`), and its connection closed
+        // if dropped outside any runtime.
+        let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
         if let Some(slot) = self.slot(name, holder)
             && self.check(name, holder, slot, ttl / 3).await
         {
             return Ok(Some(Grant::new(None)));
         }
-        let key = self.key(name);
-        let mut conn = Armed(Some(self.pool.acquire().await?));
+        let key = self.lock_key(name);
+        let conn = self.pool.acquire().await?;
+        let mut conn = Armed::new(conn, runtime.clone(), &self.pool);
         let (locked, pid): (bool, i32) =
             sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
                 .bind(key)
@@ -397,17 +742,21 @@ impl Backend for PgAdvisory {
             drop(conn.disarm());
             return Ok(None);
         }
-        let slot = Arc::new(Slot {
-            key,
-            held: tokio::sync::Mutex::new(Some(Held { conn, pid })),
-        });
+        // Kept by this runtime until a heartbeat runs on another: when it
+        // shuts down, the connection is closed.
+        let slot = Slot::new(key, Held { conn, pid }, runtime.id());
+        let k = (name.to_owned(), holder.to_owned());
+        let Ok(stale) = self.keep(&slot, &runtime, Some(k)) else {
+            // The runtime is shutting down: the lock goes with its connection.
+            drop(slot.end());
+            return Err(Error::NoRuntime);
+        };
         // We hold the lock on a new session, so no other session holds it: a
-        // slot still in the map for this name and holder is stale. Dropping
-        // it (after any heartbeat in flight on it) closes its connection.
-        let stale = self
-            .held()
-            .insert((name.to_owned(), holder.to_owned()), slot);
-        drop(stale);
+        // slot still in the map for this name and holder is stale. Ending it
+        // closes its connection (after any heartbeat in flight on it).
+        if let Some(stale) = stale {
+            drop(stale.end());
+        }
         tracing::debug!(
             lease.name = name,
             holder,
@@ -436,11 +785,17 @@ impl Backend for PgAdvisory {
     /// pool only if the unlock succeeded; otherwise it is closed.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         let (name, holder) = (lease.name, lease.holder);
-        let Some(slot) = self.held().remove(&(name.to_owned(), holder.to_owned())) else {
+        let Some(slot) = self
+            .held()
+            .slots
+            .remove(&(name.to_owned(), holder.to_owned()))
+        else {
             return Ok(());
         };
         // Waits for a heartbeat in flight on this connection.
-        let Some(mut held) = slot.held.lock().await.take() else {
+        let _turn = slot.turn.lock().await;
+        // For good: nothing puts it back.
+        let Some(mut held) = slot.end() else {
             return Ok(());
         };
         // If this future is dropped now, `held` closes the connection.
@@ -465,5 +820,50 @@ impl Backend for PgAdvisory {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets its flag when dropped.
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// What `close` relies on outside any runtime: a task spawned (as sqlx
+    /// spawns its close) on the handle of a runtime that has shut down is
+    /// dropped at once, inside `spawn`, and nothing panics.
+    #[test]
+    fn a_task_spawned_on_a_runtime_that_shut_down_is_dropped_at_once() {
+        for multi_thread in [false, true] {
+            let rt = if multi_thread {
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .build()
+            } else {
+                tokio::runtime::Builder::new_current_thread().build()
+            }
+            .expect("runtime");
+            let handle = rt.handle().clone();
+            drop(rt);
+            let dropped = Arc::new(AtomicBool::new(false));
+            let flag = Flag(dropped.clone());
+            let _entered = handle.enter();
+            drop(tokio::spawn(async move {
+                let _flag = flag;
+                std::future::pending::<()>().await;
+            }));
+            assert!(
+                dropped.load(Ordering::SeqCst),
+                "multi_thread: {multi_thread}"
+            );
+        }
     }
 }
