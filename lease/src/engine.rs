@@ -69,7 +69,32 @@ pub(crate) struct Entry {
     /// Cancelled when the lease is lost or released.
     pub(crate) cancel: CancellationToken,
     pub(crate) acquired_at: Instant,
+    /// `max_hold`: the token is cancelled and the lease released at this
+    /// instant, renewed or not.
+    max_hold_until: Option<Instant>,
     timing: Mutex<Timing>,
+}
+
+/// Why a lease was lost (the `reason` label of `lease_lost_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Loss {
+    /// The backend says it is no longer ours.
+    Taken,
+    /// No renewal succeeded before its local deadline (or nothing can renew
+    /// it any more).
+    Deadline,
+    /// Its `max_hold` ran out.
+    MaxHold,
+}
+
+impl Loss {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Loss::Taken => "taken",
+            Loss::Deadline => "deadline",
+            Loss::MaxHold => "max_hold",
+        }
+    }
 }
 
 /// Where a held lease stands.
@@ -116,17 +141,30 @@ impl Entry {
     }
 
     /// Mark the lease lost and tell its holder.
-    fn lose(&self, t: &mut Timing, holder: &str, why: &str) {
+    fn lose(&self, t: &mut Timing, holder: &str, reason: Loss, why: &str) {
         if t.state == State::Live {
             t.state = State::Lost;
             self.cancel.cancel();
+            crate::metrics::lost(&self.name, reason);
+            crate::metrics::held(-1.0);
             tracing::warn!(
                 lease.name = %self.name,
                 holder,
                 fencing_token = self.fencing_token,
+                reason = reason.label(),
                 "lease lost: {why}"
             );
         }
+    }
+
+    /// How long it stays valid by the monotonic clock (zero once lost,
+    /// released or past its deadline).
+    pub(crate) fn valid_for(&self) -> Duration {
+        let t = self.timing();
+        if t.state != State::Live || self.cancel.is_cancelled() {
+            return Duration::ZERO;
+        }
+        t.deadline.mono.saturating_duration_since(Instant::now())
     }
 }
 
@@ -176,6 +214,8 @@ pub(crate) struct Engine {
     wake: Notify,
     /// Wakes waiters of this `Lease` ([`Engine::freed`]) when a release frees a name.
     freed: Notify,
+    /// [`Engine::shut_down`] was called: nothing is acquired any more.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Engine {
@@ -200,6 +240,7 @@ impl Engine {
             names: Mutex::new(Names::default()),
             wake: Notify::new(),
             freed: Notify::new(),
+            closed: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -214,6 +255,50 @@ impl Engine {
             engine.forget(&name);
             engine.freed.notify_waiters();
         })
+    }
+
+    /// The leases held now (live: renewed, not lost or released).
+    pub(crate) fn held(&self) -> Vec<Arc<Entry>> {
+        let names = self.names();
+        names
+            .slots
+            .values()
+            .filter_map(|slot| match slot {
+                Slot::Held(entry) if entry.timing().state == State::Live => Some(entry.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Whether [`shut_down`](Engine::shut_down) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Acquire nothing any more; cancel every held lease's token, release
+    /// them all and await the releases (each within its time limit); the
+    /// scheduler exits once nothing is left for it.
+    pub(crate) async fn shut_down(self: &Arc<Self>) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let held: Vec<Arc<Entry>> = {
+            let names = self.names();
+            names
+                .slots
+                .values()
+                .filter_map(|slot| match slot {
+                    Slot::Held(entry) => Some(entry.clone()),
+                    Slot::Busy => None,
+                })
+                .collect()
+        };
+        let releases = held.iter().map(|entry| self.release(entry));
+        for result in futures_util::future::join_all(releases).await {
+            if let Err(e) = result {
+                tracing::warn!(holder = %self.holder, error = %e.chain(), "shutdown: a release failed; that lease ends at its ttl");
+            }
+        }
+        self.wake.notify_one();
     }
 
     /// Claim `name` within this `Lease` for an acquisition; `None` if this
@@ -244,6 +329,7 @@ impl Engine {
         self: &Arc<Self>,
         reservation: Reservation,
         ttl: Duration,
+        max_hold: Option<Duration>,
     ) -> Result<Option<Arc<Entry>>, Error> {
         let limit = acquire_timeout(ttl);
         let timed_out = Error::Timeout {
@@ -252,13 +338,16 @@ impl Engine {
         };
         let sent = Stamp::now();
         let call = self.backend.acquire(&reservation.1, &self.holder, ttl);
-        let grant = match timeout(limit, call).await {
+        let started = std::time::Instant::now();
+        let answer = timeout(limit, call).await;
+        crate::metrics::backend_seconds("acquire", started.elapsed());
+        let grant = match answer {
             Ok(Ok(Some(grant))) => grant,
             Ok(Ok(None)) => return Ok(None),
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(timed_out),
         };
-        let entry = self.hold(reservation, ttl, grant, sent);
+        let entry = self.hold(reservation, ttl, grant, sent, max_hold);
         if entry.timing().deadline.passed(Stamp::now()) {
             tracing::warn!(
                 lease.name = %entry.name,
@@ -279,6 +368,7 @@ impl Engine {
         ttl: Duration,
         grant: Grant,
         sent: Stamp,
+        max_hold: Option<Duration>,
     ) -> Arc<Entry> {
         let (_, name) = reservation.disarm();
         let next_renew = sent.mono + renew_period(ttl);
@@ -288,6 +378,7 @@ impl Engine {
             fencing_token: grant.fencing_token,
             cancel: CancellationToken::new(),
             acquired_at: sent.mono,
+            max_hold_until: max_hold.map(|d| sent.mono + d.min(crate::MAX_TTL)),
             timing: Mutex::new(Timing {
                 state: State::Live,
                 deadline: Deadline::after(sent, ttl),
@@ -297,6 +388,7 @@ impl Engine {
                 release_at: None,
             }),
         });
+        crate::metrics::held(1.0);
         let (start, wake) = {
             let mut names = self.names();
             names.slots.insert(name, Slot::Held(entry.clone()));
@@ -321,6 +413,9 @@ impl Engine {
             let mut t = entry.timing();
             if t.state == State::Stopped {
                 return None;
+            }
+            if t.state == State::Live {
+                crate::metrics::held(-1.0);
             }
             t.state = State::Stopped;
         }
@@ -439,6 +534,7 @@ impl Engine {
             })
         };
         let call = self.backend.release(entry.acquisition(&self.holder));
+        let started = std::time::Instant::now();
         let result = match self.watch(Instant::now() + limit) {
             Some(watch) => {
                 tokio::select! {
@@ -449,6 +545,7 @@ impl Engine {
             }
             None => timeout(limit, call).await.unwrap_or_else(|_| timed_out()),
         };
+        crate::metrics::backend_seconds("release", started.elapsed());
         match &result {
             Ok(()) => {
                 tracing::debug!(lease.name = %entry.name, holder = %self.holder, "lease released");

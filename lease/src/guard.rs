@@ -1,6 +1,7 @@
 //! [`LeaseGuard`]: a held lease.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -114,6 +115,18 @@ impl LeaseGuard {
     pub async fn release(self) -> Result<(), Error> {
         let (engine, entry) = self.held.disarm();
         engine.release(&entry).await
+    }
+
+    /// The ttl the lease was acquired with.
+    pub fn ttl(&self) -> Duration {
+        self.entry().ttl
+    }
+
+    /// How long the lease stays valid without another successful renewal:
+    /// until its local deadline, by the clock now (zero once lost or
+    /// released). Renewals push it out every `ttl/3`.
+    pub fn valid_for(&self) -> Duration {
+        self.entry().valid_for()
     }
 
     /// When the lease was acquired (the acquire request was sent).

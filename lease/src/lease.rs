@@ -5,10 +5,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument;
-
 use crate::engine::Engine;
-use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, Skip, validate};
+use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 
 /// Acquires leases on behalf of one holder identity, and keeps them.
 ///
@@ -157,67 +155,9 @@ impl Lease {
         F: FnOnce(CancellationToken) -> Fut,
         Fut: Future<Output = T>,
     {
-        self.run(name, ttl, None, |token, _fencing_token| f(token))
+        self.job(name, ttl)
+            .run(|token, _fencing_token| f(token))
             .await
-    }
-
-    /// The flow behind [`with_lease`](Lease::with_lease) and `#[singleton]`:
-    /// acquire `name`, run `f` with the lease's token and fencing token, then
-    /// release it — or, with `min_hold`, keep it (renewed) until `min_hold`
-    /// after the acquisition and release it in the background, returning at
-    /// once.
-    ///
-    /// A panic in `f` or a drop of this future releases the lease at once,
-    /// `min_hold` or not: the run did not complete.
-    pub(crate) async fn run<F, Fut, T>(
-        &self,
-        name: &str,
-        ttl: Duration,
-        min_hold: Option<Duration>,
-        f: F,
-    ) -> Outcome<T>
-    where
-        F: FnOnce(CancellationToken, Option<u64>) -> Fut,
-        Fut: Future<Output = T>,
-    {
-        let guard = match self.try_acquire(name, ttl).await {
-            Ok(Some(guard)) => guard,
-            Ok(None) => {
-                tracing::debug!(
-                    lease.name = name,
-                    holder = self.holder(),
-                    "skipped: lease held elsewhere"
-                );
-                return Outcome::Skipped(Skip::HeldElsewhere);
-            }
-            Err(error) => {
-                tracing::warn!(lease.name = name, holder = self.holder(), error = %error.chain(), "skipped: could not acquire lease");
-                return Outcome::Skipped(Skip::Error(error));
-            }
-        };
-        let span = tracing::info_span!(
-            "lease",
-            lease.name = name,
-            holder = self.holder(),
-            fencing_token = guard.fencing_token()
-        );
-        let value = f(guard.token(), guard.fencing_token())
-            .instrument(span)
-            .await;
-        match min_hold {
-            Some(min_hold) => {
-                // `#[singleton]` caps `min_hold` at 24 h; clamp rather than
-                // overflow `Instant` for whatever else comes in.
-                let at = guard.acquired_at() + min_hold.min(crate::MAX_TTL);
-                guard.release_at(at);
-            }
-            None => {
-                if let Err(error) = guard.release().await {
-                    tracing::warn!(lease.name = name, holder = self.holder(), error = %error.chain(), "lease release failed; it ends at its ttl");
-                }
-            }
-        }
-        Outcome::Ran(value)
     }
 
     /// What a waiter for `name` waits for between two attempts: a release
@@ -287,6 +227,17 @@ impl Lease {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<LeaseGuard>, Error> {
+        self.wait_for(name, ttl, wait, None).await
+    }
+
+    /// [`acquire`](Lease::acquire) with an optional `max_hold`.
+    pub(crate) async fn wait_for(
+        &self,
+        name: &str,
+        ttl: Duration,
+        wait: Duration,
+        max_hold: Option<Duration>,
+    ) -> Result<Option<LeaseGuard>, Error> {
         let until = tokio::time::Instant::now() + wait.min(crate::MAX_TTL);
         // The last error, unless some attempt got an answer ("held").
         let mut error: Option<Error> = None;
@@ -295,7 +246,7 @@ impl Lease {
             // Registered before the attempt: a release right after a failed
             // attempt still wakes us.
             let freed = self.waiter(name, ttl);
-            match self.try_acquire(name, ttl).await {
+            match self.attempt(name, ttl, max_hold).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 Ok(None) => answered = true,
                 Err(e)
@@ -327,7 +278,10 @@ impl Lease {
     /// `Ok(Some(guard))`: the lease is ours; it is renewed every `ttl/3` in
     /// the background until the guard is released or dropped, and
     /// [`guard.token()`](LeaseGuard::token) is cancelled if it is lost.
-    /// `Ok(None)`: another holder has it, or this `Lease` holds it already.
+    /// `Ok(None)` has two meanings, told apart by asking the `Lease`: either
+    /// another holder has the lease, or this `Lease` (this process) holds
+    /// it, or is acquiring or releasing it, already — [`held`](Lease::held)
+    /// lists the latter. Either way, the caller must not run the job now.
     ///
     /// `name` is any 1 to 255 bytes of UTF-8 (quotes, `%`, braces and the
     /// like are data). `ttl` is whole milliseconds from 10 ms to 24 h: it
@@ -372,17 +326,39 @@ impl Lease {
         name: &str,
         ttl: Duration,
     ) -> Result<Option<LeaseGuard>, Error> {
+        self.attempt(name, ttl, None).await
+    }
+
+    /// One acquisition attempt, with an optional `max_hold`; counted in the
+    /// metrics by its outcome.
+    pub(crate) async fn attempt(
+        &self,
+        name: &str,
+        ttl: Duration,
+        max_hold: Option<Duration>,
+    ) -> Result<Option<LeaseGuard>, Error> {
         validate::name(name)?;
         validate::ttl(ttl)?;
         validate::holder(self.holder())?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
         }
-        let Some(reservation) = self.engine.reserve(name) else {
-            return Ok(None);
+        if self.engine.is_closed() {
+            return Err(Error::ShutDown);
+        }
+        let entry = match self.engine.reserve(name) {
+            Some(reservation) => self.engine.acquire(reservation, ttl, max_hold).await,
+            None => Ok(None),
         };
-        let entry = self.engine.acquire(reservation, ttl).await?;
-        Ok(entry.map(|entry| {
+        crate::metrics::acquired(
+            name,
+            match &entry {
+                Ok(Some(_)) => "acquired",
+                Ok(None) => "held_elsewhere",
+                Err(_) => "error",
+            },
+        );
+        Ok(entry?.map(|entry| {
             tracing::debug!(
                 lease.name = name,
                 holder = self.holder(),
@@ -392,6 +368,78 @@ impl Lease {
             LeaseGuard::new(self.engine.clone(), entry)
         }))
     }
+
+    /// What this `Lease` holds now: one [`Held`] per live lease (renewed, not
+    /// lost or released). A cheap snapshot, for health checks and status
+    /// pages.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lease::{backend::Memory, Lease};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+    /// let lease = Lease::new(Memory::new());
+    /// let guard = lease.try_acquire("compaction", Duration::from_secs(60)).await?.expect("free");
+    /// let held = lease.held();
+    /// assert_eq!(held.len(), 1);
+    /// assert_eq!(held[0].name, "compaction");
+    /// assert!(held[0].valid_for > Duration::from_secs(50));
+    /// guard.release().await?;
+    /// assert!(lease.held().is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub fn held(&self) -> Vec<Held> {
+        let now = tokio::time::Instant::now();
+        self.engine
+            .held()
+            .into_iter()
+            .map(|entry| Held {
+                name: entry.name.to_string(),
+                fencing_token: entry.fencing_token,
+                held_for: now.saturating_duration_since(entry.acquired_at),
+                valid_for: entry.valid_for(),
+            })
+            .collect()
+    }
+
+    /// Shut this `Lease` (and every clone) down: cancel every held lease's
+    /// token, release every lease and await the releases (each within its
+    /// usual time limit, `min(ttl, 30 s)`), and let the renewal task end.
+    /// Afterwards every acquisition through this `Lease` or a clone fails
+    /// with [`Error::ShutDown`], and elections stop.
+    ///
+    /// Call it when the process is asked to stop, so that a rolling deploy
+    /// hands the leases over at once instead of after a ttl:
+    ///
+    /// ```no_run
+    /// # async fn serve(lease: lease::Lease) {
+    /// tokio::signal::ctrl_c().await.expect("signal handler"); // or SIGTERM, see the README
+    /// lease.shutdown().await;
+    /// # }
+    /// ```
+    ///
+    /// Releases already running in the background (of guards dropped
+    /// earlier) are not awaited.
+    pub async fn shutdown(&self) {
+        self.engine.shut_down().await;
+    }
+}
+
+/// One lease held by a [`Lease`], as [`Lease::held`] reports it.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// The lease's name.
+    pub name: String,
+    /// Its fencing token, if the backend has them.
+    pub fencing_token: Option<u64>,
+    /// Since it was acquired (since the acquire request was sent).
+    pub held_for: Duration,
+    /// How long it stays valid without another successful renewal: until
+    /// its local deadline.
+    pub valid_for: Duration,
 }
 
 /// `"{hostname}-{pid}-{8 hex digits}"`, the hostname shortened so the whole

@@ -166,6 +166,31 @@
 //!   `PgTable`, `MySqlTable`) on `sqlx` (re-exported); `postgres` also
 //!   brings `PgAdvisory`.
 //! - `redis`: `Redis`, on `deadpool_redis` (re-exported).
+//! - `metrics`: the metrics below, through the [`metrics`](https://docs.rs/metrics)
+//!   facade; install the exporter of your choice. Without the feature they
+//!   cost nothing.
+//!
+//! # Metrics
+//!
+//! | metric | kind | labels | counts |
+//! |---|---|---|---|
+//! | `lease_acquire_total` | counter | `name`, `outcome` = `acquired` \| `held_elsewhere` \| `error` | acquisition attempts |
+//! | `lease_renew_total` | counter | `outcome` = `renewed` \| `lost` \| `error` | renewals, one per lease |
+//! | `lease_lost_total` | counter | `name`, `reason` = `taken` \| `deadline` \| `max_hold` | held leases lost (taken over or expired behind our back; no renewal before the local deadline; `max_hold` ran out) |
+//! | `lease_held` | gauge | | leases this process holds now |
+//! | `lease_backend_seconds` | histogram | `op` = `acquire` \| `renew` \| `release` | the time of each backend call |
+//!
+//! # Operating it
+//!
+//! - [`Lease::held`]: a snapshot of what this process holds, for health
+//!   checks and status pages.
+//! - [`Lease::shutdown`]: on SIGTERM, release everything at once so that a
+//!   rolling deploy does not stall the jobs for a ttl.
+//! - [`Lease::job`]: everything `#[singleton]` offers, without the macro:
+//!   `min_hold`, `max_hold` (a ceiling on how long a hung job keeps a lease),
+//!   `wait`, and the fencing token.
+//! - [`Lease::acquire`] waits for a lease; [`Lease::elect`] runs a leader
+//!   election.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -177,8 +202,10 @@ mod engine;
 mod error;
 mod global;
 mod guard;
+mod job;
 mod lease;
 mod macro_runtime;
+mod metrics;
 mod outcome;
 mod skippable;
 #[cfg(test)]
@@ -193,7 +220,8 @@ pub use election::{Election, Leadership, Term};
 pub use error::{Error, Result};
 pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;
-pub use lease::Lease;
+pub use job::Job;
+pub use lease::{Held, Lease};
 pub use outcome::{Outcome, Skip};
 pub use skippable::Skippable;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

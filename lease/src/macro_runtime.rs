@@ -45,11 +45,13 @@ where
         );
         return T::skipped();
     };
-    let ttl = Duration::from_millis(ttl_ms);
-    let min_hold = min_hold_ms.map(Duration::from_millis);
-    match lease.run(name, ttl, min_hold, f).await {
+    let mut job = lease.job(name, Duration::from_millis(ttl_ms));
+    if let Some(ms) = min_hold_ms {
+        job = job.min_hold(Duration::from_millis(ms));
+    }
+    match job.run(f).await {
         Outcome::Ran(value) => value,
-        Outcome::Skipped(_) => T::skipped(), // logged by `Lease::run`
+        Outcome::Skipped(_) => T::skipped(), // logged by `Job::run`
     }
 }
 

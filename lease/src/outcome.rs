@@ -6,6 +6,7 @@ use crate::Error;
 /// or it was skipped and why.
 #[must_use = "a skipped run may carry an error"]
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Outcome<T> {
     /// The lease was acquired and the job ran to completion with this value.
     Ran(T),
@@ -14,7 +15,12 @@ pub enum Outcome<T> {
 }
 
 /// Why a run was skipped.
+///
+/// It is an [`Error`](std::error::Error) so that it can travel up as one
+/// (`?` into `Box<dyn Error>` or `anyhow::Error`); its source is the
+/// acquisition error, if any.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Skip {
     /// Another holder has the lease (or this `Lease` is running the same
     /// name already). The normal case on all replicas but one.
@@ -59,5 +65,29 @@ impl std::fmt::Display for Skip {
             Skip::HeldElsewhere => f.write_str("lease held elsewhere"),
             Skip::Error(e) => write!(f, "lease could not be acquired: {}", e.chain()),
         }
+    }
+}
+
+impl std::error::Error for Skip {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Skip::HeldElsewhere => None,
+            Skip::Error(e) => Some(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skip_is_an_error_with_the_acquisition_error_as_source() {
+        let held: Box<dyn std::error::Error> = Box::new(Skip::HeldElsewhere);
+        assert_eq!(held.to_string(), "lease held elsewhere");
+        assert!(held.source().is_none());
+        let failed = Skip::Error(Error::backend("connection refused"));
+        let source = std::error::Error::source(&failed).expect("a source");
+        assert_eq!(source.to_string(), "backend error");
     }
 }

@@ -21,7 +21,7 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{Instant, sleep_until, timeout};
 
 use super::timing::{Stamp, renew_period, renew_timeout, retry_delay};
-use super::{Engine, Entry, MAX_BATCH, Names, Slot, State};
+use super::{Engine, Entry, Loss, MAX_BATCH, Names, Slot, State};
 use crate::drop_guard::DropGuard;
 use crate::{Acquisition, Error};
 
@@ -184,6 +184,12 @@ impl Scheduler {
             expired: Vec::new(),
             wake_at: now.mono + Duration::from_secs(3600),
         };
+        // After a shutdown, the scheduler does not linger.
+        let linger_until = if self.engine.is_closed() {
+            now.mono
+        } else {
+            linger_until
+        };
         let mut names = self.engine.names();
         let live = self.sort_leases(&names, now, &mut plan);
         let watch_at = expire_watches(&mut names, now.mono, &mut plan);
@@ -208,10 +214,21 @@ impl Scheduler {
         for slot in names.slots.values() {
             let Slot::Held(entry) = slot else { continue };
             let mut t = entry.timing();
+            if t.state == State::Live && entry.max_hold_until.is_some_and(|at| now.mono >= at) {
+                entry.lose(
+                    &mut t,
+                    &self.engine.holder,
+                    Loss::MaxHold,
+                    "its max_hold ran out; releasing it",
+                );
+                plan.release.push(entry.clone());
+                continue;
+            }
             if t.state == State::Live && t.deadline.passed(now) {
                 entry.lose(
                     &mut t,
                     &self.engine.holder,
+                    Loss::Deadline,
                     "its deadline passed without a successful renewal",
                 );
             }
@@ -251,11 +268,18 @@ impl Scheduler {
                 entry.lose(
                     &mut t,
                     holder,
+                    Loss::Deadline,
                     "its deadline passed before a renewal succeeded",
                 );
                 continue;
             }
-            match sent.result.as_ref().map(|v| v[i]) {
+            let outcome = sent.result.as_ref().map(|v| v[i]);
+            crate::metrics::renewed(match outcome {
+                Ok(true) => "renewed",
+                Ok(false) => "lost",
+                Err(_) => "error",
+            });
+            match outcome {
                 Ok(true) => {
                     t.deadline.extend(sent.sent, entry.ttl);
                     t.next_renew = sent.sent.mono + renew_period(entry.ttl);
@@ -265,6 +289,7 @@ impl Scheduler {
                 Ok(false) => entry.lose(
                     &mut t,
                     holder,
+                    Loss::Taken,
                     "the backend says it is no longer ours (expired, released or taken over)",
                 ),
                 Err(e) => {
@@ -342,7 +367,7 @@ fn pick_due(live: Vec<Arc<Entry>>, now: Instant, plan: &mut Plan) {
     });
     for entry in live {
         let mut t = entry.timing();
-        if let Some(at) = t.release_at {
+        for at in [t.release_at, entry.max_hold_until].into_iter().flatten() {
             plan.wake_at = plan.wake_at.min(at);
         }
         plan.wake_at = plan.wake_at.min(t.deadline.mono);
@@ -385,6 +410,7 @@ impl Drop for Scheduler {
             entry.lose(
                 &mut t,
                 &self.engine.holder,
+                Loss::Deadline,
                 "the runtime running its renewals shut down",
             );
             // A lease waiting out its `min_hold` has no guard left to release
@@ -458,6 +484,7 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, sent: Stamp) -> Sen
             engine.backend.renew_many(&leases).await
         }
     };
+    let started = std::time::Instant::now();
     let result = match timeout(limit, call).await {
         Ok(r) => r,
         Err(_) => Err(Error::Timeout {
@@ -465,6 +492,7 @@ async fn send(engine: Arc<Engine>, entries: Vec<Arc<Entry>>, sent: Stamp) -> Sen
             after: limit,
         }),
     };
+    crate::metrics::backend_seconds("renew", started.elapsed());
     Sent {
         entries,
         sent,
