@@ -216,6 +216,9 @@ pub(crate) struct Engine {
     freed: Notify,
     /// [`Engine::shut_down`] was called: nothing is acquired any more.
     closed: std::sync::atomic::AtomicBool,
+    /// The runtime the scheduler was last started on: a release asked for
+    /// outside any runtime (a guard dropped on a plain thread) is sent there.
+    renewing: Mutex<Option<tokio::runtime::Handle>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -241,6 +244,7 @@ impl Engine {
             wake: Notify::new(),
             freed: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
+            renewing: Mutex::new(None),
         }
     }
 
@@ -397,7 +401,9 @@ impl Engine {
             (!running, running && !on_time)
         };
         if start {
-            tokio::spawn(Scheduler::new(self.clone()).run());
+            let runtime = tokio::runtime::Handle::current();
+            *lock(&self.renewing) = Some(runtime.clone());
+            runtime.spawn(Scheduler::new(self.clone()).run());
         } else if wake {
             self.wake.notify_one();
         }
@@ -475,9 +481,10 @@ impl Engine {
         result
     }
 
-    /// Stop renewing `entry` and release it in a task of its own, which frees
-    /// the name when done. Nothing if it was already stopped; without a
-    /// runtime, the name is freed at once and the lease ends at its ttl.
+    /// Stop renewing `entry` and release it in a task of its own (on the
+    /// current runtime, or else the one that renews), which frees the name
+    /// when done. Nothing if it was already stopped; with no runtime left,
+    /// the name is freed at once and the lease ends at its ttl.
     pub(crate) fn release_in_background(self: &Arc<Self>, entry: &Arc<Entry>) {
         if let Some(claim) = self.stop(entry) {
             self.spawn_release(claim, entry.clone(), None);
@@ -508,7 +515,7 @@ impl Engine {
     /// that instant, with unknown fate: the name then stays taken until
     /// `earlier + ttl` whatever the new request's outcome.
     fn spawn_release(self: &Arc<Self>, claim: Claim, entry: Arc<Entry>, earlier: Option<Instant>) {
-        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        let Some(handle) = self.runtime() else {
             tracing::debug!(lease.name = %entry.name, "no tokio runtime to release on; the lease ends at its ttl");
             return; // dropping the claim frees the name
         };
@@ -521,6 +528,15 @@ impl Engine {
             let confirmed = result.is_ok() && earlier.is_none();
             settle(claim, confirmed, sent_at + entry.ttl);
         }));
+    }
+
+    /// The runtime to spawn on: the current one, or else the one that
+    /// renews this engine's leases (a task spawned on a runtime that has
+    /// shut down is dropped at once, which frees what it owned).
+    fn runtime(&self) -> Option<tokio::runtime::Handle> {
+        tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| lock(&self.renewing).clone())
     }
 
     /// Ask the backend to release `entry`, within the release time limit
@@ -568,7 +584,7 @@ fn settle(claim: Claim, confirmed: bool, until: Instant) {
     if confirmed || Instant::now() >= until {
         return; // dropping the claim frees the name
     }
-    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+    if let Some(handle) = claim.0.runtime() {
         drop(handle.spawn(async move {
             sleep_until(until).await;
             drop(claim);

@@ -18,9 +18,11 @@ use crate::{CancellationToken, Error};
 ///
 /// Dropping the guard releases the lease in the background: the drop never
 /// blocks, so another holder may see the lease held for one more round trip.
-/// Without a Tokio runtime at drop time the lease is left to expire at its
-/// ttl. Call [`release`](LeaseGuard::release) to know when (and whether) the
-/// release happened.
+/// Dropped outside any Tokio runtime (a plain thread), the release is sent
+/// on the runtime that renews the lease; if that runtime has shut down too,
+/// the lease is left to expire at its ttl. Call
+/// [`release`](LeaseGuard::release) to know when (and whether) the release
+/// happened.
 #[must_use = "the lease is released as soon as the guard is dropped"]
 pub struct LeaseGuard {
     /// Releases the lease in the background when dropped; disarmed when the

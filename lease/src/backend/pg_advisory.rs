@@ -10,7 +10,7 @@ use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
 use tokio::runtime::{self, Handle};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Acquisition, Backend, Error, Grant};
+use crate::{Acquisition, Backend, Error, Grant, Result, validate};
 
 /// Is the session running this query holding the exclusive advisory lock on
 /// the bigint key `$1`? PostgreSQL shows a bigint key in `pg_locks` as
@@ -715,12 +715,8 @@ impl Backend for PgAdvisory {
     /// another (see [Runtime shutdown](PgAdvisory#runtime-shutdown)):
     /// [`Error::NoRuntime`] outside a Tokio runtime, or if the runtime is
     /// shutting down (the lock just taken is then closed at once).
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        validate::call(name, holder, ttl)?;
         // Where the lock is kept (see `Keeper`), and its connection closed
         // if dropped outside any runtime.
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
@@ -774,6 +770,7 @@ impl Backend for PgAdvisory {
     /// Advisory locks have no fencing token: the acquisition is the lock
     /// held by this backend for `(name, holder)`, on its own connection.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        validate::call(lease.name, lease.holder, ttl)?;
         let (name, holder) = (lease.name, lease.holder);
         match self.slot(name, holder) {
             Some(slot) => Ok(self.check(name, holder, slot, ttl / 3).await),
@@ -784,6 +781,7 @@ impl Backend for PgAdvisory {
     /// `pg_advisory_unlock` on the holding connection, which goes back to the
     /// pool only if the unlock succeeded; otherwise it is closed.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
         let (name, holder) = (lease.name, lease.holder);
         let Some(slot) = self
             .held()

@@ -886,3 +886,32 @@ async fn a_lease_near_its_deadline_does_not_shorten_a_healthy_ones_renewal() {
     });
     assert_eq!(b_renewed, [ms(2700)], "{:?}", backend.calls());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_dropped_outside_any_runtime_is_released_on_the_renewing_runtime() {
+    let db = Memory::new();
+    let lease = Lease::with_holder(db.clone(), "a");
+    let guard = lease
+        .try_acquire("job", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    // Dropped on a thread with no runtime (a destructor in a plain thread,
+    // a callback of a C library): the release is sent all the same, on the
+    // runtime that renews the lease, instead of waiting out the ttl.
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    let mut released = false;
+    for _ in 0..200 {
+        if db.holder("job").is_none() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(ms(10)).await;
+    }
+    assert!(
+        released,
+        "the lease is still held: its release was never sent"
+    );
+    // And the name is free for this Lease again.
+    assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+}
