@@ -6,8 +6,8 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::{
-    Column, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, explain, list_size, sealed,
-    shape, step_us,
+    Column, LIST_SIZES, Layout, Ready, Renewal, Shape, Table, Templates, explain, list_size,
+    sealed, shape, step_us,
 };
 use crate::Error;
 
@@ -345,55 +345,7 @@ impl sealed::Calls for MySqlDialect {
             t.create.split_whitespace().collect::<Vec<_>>().join(" ")
         );
         let shape = shape(table, &columns, &["bigint", "int"], &t.add_fence, &create)?;
-        let refuse = |problem: String, fix: String| Error::Schema {
-            table: table.to_owned(),
-            problem,
-            fix,
-        };
-        let clock = match shape.expires_at.kind.as_str() {
-            // Only this crate writes it: in UTC, whatever the session's zone.
-            "datetime" if !shape.shared => Clock::Utc,
-            "datetime" => {
-                return Err(refuse(
-                    "its column expires_at is DATETIME, and the table is shared with services \
-                     that insert rows without a fence (its column fence has a default): \
-                     DATETIME keeps no time zone, they write `NOW() + ttl` into it in their \
-                     session's time_zone, which this crate cannot know, while this crate \
-                     writes UTC — unless both are UTC, one side sees the other's leases end \
-                     hours early, and two replicas run the job at once"
-                        .to_owned(),
-                    format!(
-                        "make it TIMESTAMP, which stores instants, in a session whose time_zone \
-                         is the one the Go services' sessions use (the server's default if \
-                         they set none), so that the rows keep their meaning: `ALTER TABLE \
-                         {table} MODIFY expires_at TIMESTAMP(6) NOT NULL`; or, if no service \
-                         inserts rows without a fence, drop the default: `ALTER TABLE {table} \
-                         ALTER COLUMN fence DROP DEFAULT`"
-                    ),
-                ));
-            }
-            "timestamp" if fixed_zone(&zones.0, &zones.1) => Clock::Session,
-            "timestamp" => {
-                return Err(refuse(
-                    format!(
-                        "its column expires_at is TIMESTAMP, which is converted through the \
-                         session's time zone, and this pool's sessions use time_zone '{}' \
-                         (system: '{}'), which may have daylight saving time: in the hour its \
-                         clocks go back, a lease could end an hour early",
-                        zones.0, zones.1
-                    ),
-                    "connect with a fixed-offset time zone, as sqlx does unless told otherwise \
-                     (MySqlConnectOptions::timezone, default '+00:00')"
-                        .to_owned(),
-                ));
-            }
-            other => {
-                return Err(refuse(
-                    format!("its column expires_at is {other}; it must be DATETIME or TIMESTAMP"),
-                    "make it DATETIME(6) or TIMESTAMP(6)".to_owned(),
-                ));
-            }
-        };
+        let clock = clock_of(table, &shape, &zones)?;
         Ok(layout(clock, step_us(shape.expires_at.precision)))
     }
 
@@ -523,6 +475,55 @@ async fn renew_one_ttl(
         .iter()
         .map(|&(name, fence)| fence.is_some_and(|f| live.contains(&(name, f))))
         .collect())
+}
+
+/// How `expires_at`'s type is read and written, or why the table cannot be
+/// used: a column without a time zone shared with services that write it in
+/// theirs, or a session zone with daylight saving time.
+fn clock_of(table: &str, shape: &Shape<'_>, zones: &(String, String)) -> Result<Clock, Error> {
+    let refuse = |problem: String, fix: String| Error::Schema {
+        table: table.to_owned(),
+        problem,
+        fix,
+    };
+    match shape.expires_at.kind.as_str() {
+        // Only this crate writes it: in UTC, whatever the session's zone.
+        "datetime" if !shape.shared => Ok(Clock::Utc),
+        "datetime" => Err(refuse(
+            "its column expires_at is DATETIME, and the table is shared with services \
+                 that insert rows without a fence (its column fence has a default): \
+                 DATETIME keeps no time zone, they write `NOW() + ttl` into it in their \
+                 session's time_zone, which this crate cannot know, while this crate \
+                 writes UTC — unless both are UTC, one side sees the other's leases end \
+                 hours early, and two replicas run the job at once"
+                .to_owned(),
+            format!(
+                "make it TIMESTAMP, which stores instants, in a session whose time_zone \
+                     is the one the Go services' sessions use (the server's default if \
+                     they set none), so that the rows keep their meaning: `ALTER TABLE \
+                     {table} MODIFY expires_at TIMESTAMP(6) NOT NULL`; or, if no service \
+                     inserts rows without a fence, drop the default: `ALTER TABLE {table} \
+                     ALTER COLUMN fence DROP DEFAULT`"
+            ),
+        )),
+        "timestamp" if fixed_zone(&zones.0, &zones.1) => Ok(Clock::Session),
+        "timestamp" => Err(refuse(
+            format!(
+                "its column expires_at is TIMESTAMP, which is converted through the \
+                     session's time zone, and this pool's sessions use time_zone '{}' \
+                     (system: '{}'), which may have daylight saving time: in the hour its \
+                     clocks go back, a lease could end an hour early",
+                zones.0, zones.1
+            ),
+            "connect with a fixed-offset time zone, as sqlx does unless told otherwise \
+                 (MySqlConnectOptions::timezone, default '+00:00')"
+                .to_owned(),
+        )),
+        other => Err(refuse(
+            format!("its column expires_at is {other}; it must be DATETIME or TIMESTAMP"),
+            "make it DATETIME(6) or TIMESTAMP(6)".to_owned(),
+        )),
+    }
 }
 
 #[cfg(test)]

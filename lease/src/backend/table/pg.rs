@@ -3,7 +3,8 @@
 use sqlx::{AssertSqlSafe, Postgres};
 
 use super::{
-    Column, Layout, Ready, Renewal, Table, Templates, explain, renewed_of, sealed, shape, step_us,
+    Column, Layout, Ready, Renewal, Shape, Table, Templates, explain, renewed_of, sealed, shape,
+    step_us,
 };
 use crate::Error;
 
@@ -243,42 +244,7 @@ impl sealed::Calls for PgDialect {
             &t.add_fence,
             &create,
         )?;
-        let refuse = |problem: String, fix: String| Error::Schema {
-            table: table.to_owned(),
-            problem,
-            fix,
-        };
-        match shape.expires_at.kind.as_str() {
-            "timestamptz" => {}
-            // This crate's own sessions all use one TimeZone (sqlx sets
-            // UTC), so among them a `timestamp` means the same everywhere.
-            "timestamp" if !shape.shared => {}
-            "timestamp" => {
-                return Err(refuse(
-                    "its column expires_at is `timestamp` (without time zone), and the table \
-                     is shared with services that insert rows without a fence (its column \
-                     fence has a default): they write `now() + ttl` into it converted to \
-                     their session's TimeZone, which this crate cannot know, so a replica \
-                     reading it in another TimeZone sees their leases end hours early or \
-                     late, and two replicas run the job at once"
-                        .to_owned(),
-                    format!(
-                        "make it timestamptz, in a session whose TimeZone is the one the Go \
-                         services' sessions use (the server's default if they set none), so \
-                         that the rows keep their meaning: `ALTER TABLE {table} ALTER COLUMN \
-                         expires_at TYPE timestamptz`; or, if no service inserts rows without a \
-                         fence, drop the default: `ALTER TABLE {table} ALTER COLUMN fence DROP \
-                         DEFAULT`"
-                    ),
-                ));
-            }
-            other => {
-                return Err(refuse(
-                    format!("its column expires_at is {other}; it must be timestamptz"),
-                    "make it timestamptz".to_owned(),
-                ));
-            }
-        }
+        check_expires_at(table, &shape)?;
         Ok(layout(step_us(shape.expires_at.precision)))
     }
 
@@ -315,6 +281,44 @@ impl sealed::Calls for PgDialect {
                 .fetch_all(t.pool)
                 .await?;
         Ok(renewed_of(leases, &renewed))
+    }
+}
+
+/// Whether `expires_at`'s type is read the same way by every user of the
+/// table: `timestamp` without a time zone is refused when services that
+/// write it in their own session's TimeZone share the table.
+fn check_expires_at(table: &str, shape: &Shape<'_>) -> Result<(), Error> {
+    let refuse = |problem: String, fix: String| Error::Schema {
+        table: table.to_owned(),
+        problem,
+        fix,
+    };
+    match shape.expires_at.kind.as_str() {
+        "timestamptz" => Ok(()),
+        // This crate's own sessions all use one TimeZone (sqlx sets
+        // UTC), so among them a `timestamp` means the same everywhere.
+        "timestamp" if !shape.shared => Ok(()),
+        "timestamp" => Err(refuse(
+            "its column expires_at is `timestamp` (without time zone), and the table \
+                 is shared with services that insert rows without a fence (its column \
+                 fence has a default): they write `now() + ttl` into it converted to \
+                 their session's TimeZone, which this crate cannot know, so a replica \
+                 reading it in another TimeZone sees their leases end hours early or \
+                 late, and two replicas run the job at once"
+                .to_owned(),
+            format!(
+                "make it timestamptz, in a session whose TimeZone is the one the Go \
+                     services' sessions use (the server's default if they set none), so \
+                     that the rows keep their meaning: `ALTER TABLE {table} ALTER COLUMN \
+                     expires_at TYPE timestamptz`; or, if no service inserts rows without a \
+                     fence, drop the default: `ALTER TABLE {table} ALTER COLUMN fence DROP \
+                     DEFAULT`"
+            ),
+        )),
+        other => Err(refuse(
+            format!("its column expires_at is {other}; it must be timestamptz"),
+            "make it timestamptz".to_owned(),
+        )),
     }
 }
 
