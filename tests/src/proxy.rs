@@ -56,7 +56,7 @@
 //! ping — and everything the client sends after it on that connection are
 //! held back until [`deliver_stalled`](FaultProxy::deliver_stalled), which
 //! delivers them in order and returns what was held, with the instant it
-//! was sent (on [`monotonic_us`](crate::monotonic_us)). One request is
+//! was sent (on [`crate::monotonic_us`]). One request is
 //! stalled: other chunks sent before it go through, and so does everything
 //! on the other connections and on new ones. This is a request lost in
 //! the network for a while and then delivered — TCP retransmitting it after
@@ -74,7 +74,7 @@
 //! # Watching the traffic
 //!
 //! [`record_replies`](FaultProxy::record_replies) makes the proxy note when
-//! it read each chunk the server sent (on [`monotonic_us`](crate::monotonic_us));
+//! it read each chunk the server sent (on [`crate::monotonic_us`]);
 //! [`last_reply_between`](FaultProxy::last_reply_between) looks them up: the
 //! instant the server's answer to a request left the server, as near as
 //! can be seen from outside it, whatever delay the proxy then adds.
@@ -176,7 +176,7 @@ struct Stall {
 pub struct StalledRequest {
     /// The proxy's number of the connection (in order of acceptance).
     pub connection: u64,
-    /// When the first held chunk was read ([`monotonic_us`](crate::monotonic_us)).
+    /// When the first held chunk was read ([`crate::monotonic_us`]).
     pub first_at_us: i64,
     /// Everything held back, in order.
     pub bytes: Vec<u8>,
@@ -344,7 +344,7 @@ impl FaultProxy {
         self.shared.recording.store(true, Ordering::Relaxed);
     }
 
-    /// The last instant in `[from, to]` (µs, [`monotonic_us`](crate::monotonic_us))
+    /// The last instant in `[from, to]` (µs, [`crate::monotonic_us`])
     /// at which the proxy read a chunk from the server, on any connection;
     /// `None` if none (or [`record_replies`](FaultProxy::record_replies) was
     /// not called).
@@ -358,7 +358,7 @@ impl FaultProxy {
     }
 
     /// When the proxy last read a chunk from either side
-    /// ([`monotonic_us`](crate::monotonic_us); 0 if never).
+    /// ([`crate::monotonic_us`]; 0 if never).
     pub fn last_activity_us(&self) -> i64 {
         self.shared.last_activity.load(Ordering::Relaxed)
     }

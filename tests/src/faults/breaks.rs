@@ -15,7 +15,7 @@
 //! | `kill-nothing` | nemesis | `conn-kill` kills no connection, `reset` resets none | "the fault did not happen" |
 //! | `first-variant-only` | nemesis | one injection per fault, always the first variant (as CI did before) | "a documented variant never ran" |
 //!
-//! The contender's breaks wrap the real backend in [`Broken`], which
+//! The contender's breaks wrap the real backend in `Broken`, which
 //! otherwise passes every call through; the library itself is untouched.
 
 use std::collections::HashMap;

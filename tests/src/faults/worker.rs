@@ -32,7 +32,7 @@
 //! - `stop`: finish the current section and exit. End of input also means
 //!   stop, so contenders never outlive the orchestrator.
 //!
-//! With [`breaks::VAR`](super::breaks::VAR) set, the backend or the
+//! With [`super::breaks::VAR`] set, the backend or the
 //! contender is deliberately broken (see [`super::breaks`]).
 
 use std::str::FromStr;
