@@ -268,7 +268,11 @@ impl Campaign {
                     continue; // lost: contend again at once
                 }
                 Ok(None) => self.follow().await,
-                Err(e) if e.is_invalid_input() || matches!(e, Error::ShutDown) => {
+                Err(Error::ShutDown) => {
+                    tracing::debug!(lease.name = %self.name, "election stopped: the lease client was shut down");
+                    return Err(Error::ShutDown);
+                }
+                Err(e) if e.is_invalid_input() => {
                     tracing::error!(lease.name = %self.name, error = %e.chain(), "election stopped");
                     return Err(e);
                 }
