@@ -21,20 +21,35 @@ mod kw {
     syn::custom_keyword!(token);
     syn::custom_keyword!(fence);
     syn::custom_keyword!(min_hold);
+    syn::custom_keyword!(max_hold);
+    syn::custom_keyword!(wait);
+    syn::custom_keyword!(on_error);
 }
 
 /// Every argument, in the order of the attribute's docs (`lease::singleton`).
-pub(crate) const KEYS: &str = "`name`, `ttl`, `lease`, `token`, `fence`, `min_hold`, `crate`";
+pub(crate) const KEYS: &str = "`name`, `ttl`, `lease`, `token`, `fence`, `min_hold`, `max_hold`, \
+                               `wait`, `on_error`, `crate`";
+
+/// A value that may be a string literal, checked at compile time, or any
+/// other expression, evaluated (and checked) at run time.
+#[derive(Clone)]
+pub(crate) enum Value {
+    Lit(LitStr),
+    Expr(Expr),
+}
 
 /// The arguments as written, each at most once.
 #[derive(Default)]
 pub(crate) struct Args {
-    pub(crate) name: Option<LitStr>,
-    pub(crate) ttl: Option<LitStr>,
+    pub(crate) name: Option<Value>,
+    pub(crate) ttl: Option<Value>,
     pub(crate) lease: Option<Expr>,
     pub(crate) token: Option<Ident>,
     pub(crate) fence: Option<Ident>,
-    pub(crate) min_hold: Option<LitStr>,
+    pub(crate) min_hold: Option<Value>,
+    pub(crate) max_hold: Option<Value>,
+    pub(crate) wait: Option<Value>,
+    pub(crate) on_error: Option<LitStr>,
     pub(crate) krate: Option<Path>,
     /// Every mistake found, reported together.
     pub(crate) errors: Option<syn::Error>,
@@ -71,11 +86,11 @@ impl Args {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::name) {
                 let key = key::<kw::name>(input)?;
-                let value = string(input, "name", "name = \"nightly-report\"", errors)?;
+                let value = value(input, "name", NAME, errors)?;
                 set(&mut self.name, key, "name", value, errors);
             } else if lookahead.peek(kw::ttl) {
                 let key = key::<kw::ttl>(input)?;
-                let value = string(input, "ttl", "ttl = \"90s\"", errors)?;
+                let value = value(input, "ttl", &duration("ttl = \"90s\""), errors)?;
                 set(&mut self.ttl, key, "ttl", value, errors);
             } else if lookahead.peek(kw::lease) {
                 let key = key::<kw::lease>(input)?;
@@ -101,8 +116,20 @@ impl Args {
                 set(&mut self.fence, key, "fence", value, errors);
             } else if lookahead.peek(kw::min_hold) {
                 let key = key::<kw::min_hold>(input)?;
-                let value = string(input, "min_hold", "min_hold = \"30s\"", errors)?;
+                let value = value(input, "min_hold", &duration("min_hold = \"30s\""), errors)?;
                 set(&mut self.min_hold, key, "min_hold", value, errors);
+            } else if lookahead.peek(kw::max_hold) {
+                let key = key::<kw::max_hold>(input)?;
+                let value = value(input, "max_hold", &duration("max_hold = \"10m\""), errors)?;
+                set(&mut self.max_hold, key, "max_hold", value, errors);
+            } else if lookahead.peek(kw::wait) {
+                let key = key::<kw::wait>(input)?;
+                let value = value(input, "wait", &duration("wait = \"5s\""), errors)?;
+                set(&mut self.wait, key, "wait", value, errors);
+            } else if lookahead.peek(kw::on_error) {
+                let key = key::<kw::on_error>(input)?;
+                let value = string(input, "on_error", "on_error = \"return\"", errors)?;
+                set(&mut self.on_error, key, "on_error", value, errors);
             } else if lookahead.peek(Token![crate]) {
                 let key = key::<Token![crate]>(input)?;
                 let value = path(input, errors)?;
@@ -167,6 +194,43 @@ fn set<T>(
         );
     } else {
         *slot = value;
+    }
+}
+
+/// What `name` accepts.
+const NAME: &str = "a string: a literal such as `name = \"nightly-report\"`, \
+                    or an expression that gives one, such as `name = format!(\"report-{tenant}\")`";
+
+/// What a duration argument accepts.
+fn duration(example: &str) -> String {
+    format!(
+        "a duration: a string literal such as `{example}`, \
+         or a `std::time::Duration` expression"
+    )
+}
+
+/// A string literal, or an expression that is not a literal of another kind
+/// (`name = 42`, `ttl = 90` are recorded on the value as written, and give
+/// `None`).
+fn value(
+    input: ParseStream<'_>,
+    key: &str,
+    what: &str,
+    errors: &mut Option<syn::Error>,
+) -> syn::Result<Option<Value>> {
+    match input.parse::<Expr>()? {
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(lit),
+            attrs,
+        }) if attrs.is_empty() => Ok(Some(Value::Lit(lit))),
+        Expr::Lit(other) => {
+            push(
+                errors,
+                syn::Error::new_spanned(other, format!("`{key}` must be {what}")),
+            );
+            Ok(None)
+        }
+        expr => Ok(Some(Value::Expr(expr))),
     }
 }
 

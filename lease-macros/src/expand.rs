@@ -7,8 +7,8 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{Block, Expr, Item, ItemFn, ReturnType, Stmt, Type};
 
-use crate::attr::Args;
-use crate::valid::{self, Singleton};
+use crate::attr::{Args, Value};
+use crate::valid::{self, Dur, Singleton};
 
 /// `#[singleton(args)] item`.
 ///
@@ -105,12 +105,25 @@ fn parse_fn(item: TokenStream) -> syn::Result<ItemFn> {
 ///
 /// ```text
 /// let __lease = <lease expr, or the global default>;
-/// ::lease::__private::run(__lease, "<name>", <ttl ms>, <min_hold ms>, move |<token>, <fence>| async move {
-///     <fake return edge>
-///     <the original body, braces included>
-/// })
+/// ::lease::__private::run(                       // `run_or_err` with `on_error = "return"`
+///     __lease,
+///     ::lease::__private::Settings {
+///         name: "<name>",                        // or &AsName::as_name(&(<expr>))
+///         ttl: ::core::time::Duration::from_millis(<ms>),  // or <expr>
+///         min_hold: ::core::option::Option::None,          // or Some(..), as ttl
+///         max_hold: ::core::option::Option::None,
+///         wait: ::core::option::Option::None,
+///     },
+///     move |<token>, <fence>| async move {
+///         <fake return edge>
+///         <the original body, braces included>
+///     },
+/// )
 /// .await
 /// ```
+///
+/// The arguments are evaluated in this order, in the fn, before the closure
+/// takes the body's captures (`self` among them).
 ///
 /// except that a body that is a single expression, `{ <expr> }`, loses its
 /// braces: the async block is then `async move { <fake return edge> <expr> }`,
@@ -118,8 +131,11 @@ fn parse_fn(item: TokenStream) -> syn::Result<ItemFn> {
 fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     let Singleton {
         name,
-        ttl_ms: (ttl_ms, ttl_span),
-        min_hold_ms,
+        ttl,
+        min_hold,
+        max_hold,
+        wait,
+        return_errors,
         lease,
         token,
         fence,
@@ -151,11 +167,25 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     };
     let token = token.map_or_else(|| quote!(_), ToTokens::into_token_stream);
     let fence = fence.map_or_else(|| quote!(_), ToTokens::into_token_stream);
-    let ttl = quote_spanned!(ttl_span=> #ttl_ms);
-    let min_hold = match min_hold_ms {
-        Some((ms, span)) => quote_spanned!(span=> ::core::option::Option::Some(#ms)),
-        None => quote!(::core::option::Option::None),
+    let name = match name {
+        Value::Lit(lit) => lit.into_token_stream(),
+        // Spanned on the expression, so a value that is not a string is
+        // reported there. Copied, so that the closure may take `self`.
+        Value::Expr(expr) => {
+            let krate = krate_at(expr.span());
+            quote_spanned! {expr.span()=>
+                &#krate::__private::AsName::as_name(&(#expr))
+            }
+        }
     };
+    let ttl = duration(ttl);
+    let [min_hold, max_hold, wait] = [min_hold, max_hold, wait].map(|d| match d {
+        Some(d) => {
+            let d = duration(d);
+            quote!(::core::option::Option::Some(#d))
+        }
+        None => quote!(::core::option::Option::None),
+    });
 
     let (return_type, return_span) = match &item.sig.output {
         ReturnType::Type(_, ty) => (erase_impl_trait(ty), ty.span()),
@@ -206,16 +236,44 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
     };
     // The return type must be `Skippable`: the call is spanned on it, so that
     // is where an unsupported type is reported.
+    // So is the one with `on_error = "return"`'s bound, for a return type
+    // that cannot carry the error.
     let krate = krate_at(return_span);
+    let run = if return_errors {
+        quote_spanned!(return_span=> run_or_err)
+    } else {
+        quote_spanned!(return_span=> run)
+    };
+    let settings = {
+        let krate = krate_at(Span::call_site());
+        quote! {
+            #krate::__private::Settings {
+                name: #name,
+                ttl: #ttl,
+                min_hold: #min_hold,
+                max_hold: #max_hold,
+                wait: #wait,
+            }
+        }
+    };
     let body = quote_spanned! {return_span=>
         let #lease_var = #lease_init;
-        #krate::__private::run(#lease_var, #name, #ttl, #min_hold, #job).await
+        #krate::__private::#run(#lease_var, #settings, #job).await
     };
     item.block = Box::new(Block {
         brace_token: item.block.brace_token,
         stmts: vec![Stmt::Expr(Expr::Verbatim(body), None)],
     });
     item.into_token_stream()
+}
+
+/// A `Duration`: a checked literal, spanned on it, or the expression as
+/// written (a value of another type is reported on it).
+fn duration(d: Dur) -> TokenStream {
+    match d {
+        Dur::Millis(ms, span) => quote_spanned!(span=> ::core::time::Duration::from_millis(#ms)),
+        Dur::Expr(expr) => expr.into_token_stream(),
+    }
 }
 
 /// Whether the body is a single expression, `{ expr }`: the braces rustc
@@ -276,9 +334,13 @@ mod tests {
                 let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
                 ::lease::__private::run(
                     __lease,
-                    "digest",
-                    120000u64,
-                    ::core::option::Option::Some(30000u64),
+                    ::lease::__private::Settings {
+                        name: "digest",
+                        ttl: ::core::time::Duration::from_millis(120000u64),
+                        min_hold: ::core::option::Option::Some(::core::time::Duration::from_millis(30000u64)),
+                        max_hold: ::core::option::Option::None,
+                        wait: ::core::option::Option::None,
+                    },
                     move |cancel, _| async move {
                         #[allow(
                             unreachable_code,
@@ -313,7 +375,16 @@ mod tests {
         let expected = quote! {
             pub async fn tick() {
                 let __lease = my_lib::lease::__private::global();
-                my_lib::lease::__private::run(__lease, "n", 10u64, ::core::option::Option::None, move |_, _| async move {
+                my_lib::lease::__private::run(
+                    __lease,
+                    my_lib::lease::__private::Settings {
+                        name: "n",
+                        ttl: ::core::time::Duration::from_millis(10u64),
+                        min_hold: ::core::option::Option::None,
+                        max_hold: ::core::option::Option::None,
+                        wait: ::core::option::Option::None,
+                    },
+                    move |_, _| async move {
                     #[allow(
                         unreachable_code,
                         clippy::diverging_sub_expression,
@@ -347,7 +418,16 @@ mod tests {
         let expected = quote! {
             async fn ready(&self) -> bool {
                 let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
-                ::lease::__private::run(__lease, "n", 10u64, ::core::option::Option::None, move |_, _| async move {
+                ::lease::__private::run(
+                    __lease,
+                    ::lease::__private::Settings {
+                        name: "n",
+                        ttl: ::core::time::Duration::from_millis(10u64),
+                        min_hold: ::core::option::Option::None,
+                        max_hold: ::core::option::Option::None,
+                        wait: ::core::option::Option::None,
+                    },
+                    move |_, _| async move {
                     #[allow(
                         unreachable_code,
                         clippy::diverging_sub_expression,
@@ -366,6 +446,71 @@ mod tests {
             }
         };
         assert_eq!(singleton(args, item).to_string(), expected.to_string());
+    }
+
+    /// Expressions go into the settings as written (`name` through `AsName`,
+    /// copied), and `on_error = "return"` calls `run_or_err`.
+    #[test]
+    fn expressions_and_on_error() {
+        let args = quote!(
+            name = format!("report-{tenant}"),
+            ttl = self.ttl,
+            min_hold = MIN_HOLD,
+            max_hold = "10m",
+            wait = Duration::from_secs(5),
+            lease = self.lease,
+            on_error = "return"
+        );
+        let item = quote! {
+            async fn report(&self, tenant: &str) -> anyhow::Result<()> {
+                send(tenant).await?;
+                Ok(())
+            }
+        };
+        let expected = quote! {
+            async fn report(&self, tenant: &str) -> anyhow::Result<()> {
+                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
+                ::lease::__private::run_or_err(
+                    __lease,
+                    ::lease::__private::Settings {
+                        name: &::lease::__private::AsName::as_name(&(format!("report-{tenant}"))),
+                        ttl: self.ttl,
+                        min_hold: ::core::option::Option::Some(MIN_HOLD),
+                        max_hold: ::core::option::Option::Some(::core::time::Duration::from_millis(600000u64)),
+                        wait: ::core::option::Option::Some(Duration::from_secs(5)),
+                    },
+                    move |_, _| async move {
+                        #[allow(
+                            unreachable_code,
+                            clippy::diverging_sub_expression,
+                            clippy::empty_loop,
+                            clippy::let_unit_value,
+                            clippy::let_with_type_underscore,
+                            clippy::needless_return,
+                        )]
+                        if false {
+                            let __fake_return: anyhow::Result<()> = loop {};
+                            return __fake_return;
+                        }
+                        {
+                            send(tenant).await?;
+                            Ok(())
+                        }
+                    }
+                )
+                .await
+            }
+        };
+        assert_eq!(singleton(args, item).to_string(), expected.to_string());
+
+        let skip = singleton(
+            quote!(name = "n", ttl = "1s", on_error = "skip"),
+            quote!(
+                async fn tick() {}
+            ),
+        )
+        .to_string();
+        assert!(skip.contains(":: __private :: run ("), "{skip}");
     }
 
     #[test]
@@ -461,6 +606,15 @@ mod tests {
                 token = cancel,
                 fence = fencing_token
             ),
+            quote!(
+                name = "n",
+                ttl = "90s",
+                wait = "5x",
+                max_hold = "0s",
+                on_error = "panic",
+                token = cancel,
+                fence = fencing_token
+            ),
             quote!(token = cancel, fence = fencing_token),
         ] {
             assert_eq!(fallback_of(args, item.clone()), expected.to_string());
@@ -485,7 +639,9 @@ mod tests {
         for args in [
             quote!(name = "n", ttl = "90s", timeout = "10s", token = cancel),
             quote!(name = "n", ttl = "90s", retry, token = cancel),
-            quote!(name = n, ttl = "90s", token = cancel),
+            quote!(name = 42, ttl = "90s", token = cancel),
+            quote!(name = "n", ttl = 90, token = cancel),
+            quote!(name = "n", ttl = "90s", on_error = r#return, token = cancel),
             quote!(name = "n", ttl = "90s", ttl = "2m", token = cancel),
             quote!(name = "n", ttl = "90s", fence = "f", token = cancel),
             quote!(
@@ -501,7 +657,7 @@ mod tests {
 
     #[test]
     fn every_wrong_argument_is_reported() {
-        let args = quote!(timeout = "10s", name = n, ttl = "90s", ttl = "2m");
+        let args = quote!(timeout = "10s", name = 42, ttl = "90s", ttl = "2m");
         let out = singleton(
             args,
             quote!(
@@ -511,7 +667,10 @@ mod tests {
         .to_string();
         assert_eq!(out.matches("compile_error").count(), 3, "{out}");
         assert!(out.contains("unknown argument `timeout`"), "{out}");
-        assert!(out.contains("`name` must be a string literal"), "{out}");
+        assert!(
+            out.contains("`name` must be a string: a literal such as"),
+            "{out}"
+        );
         assert!(out.contains("duplicate `ttl` argument"), "{out}");
     }
 

@@ -3,7 +3,8 @@
 //! detail, versioned in lockstep with `lease` (which pins it exactly).
 //!
 //! The macro only rewires the fn's body into one call of a runtime function,
-//! `lease::__private::run`, where all the behaviour lives and is tested. The
+//! `lease::__private::run` (or `run_or_err`), where all the behaviour lives
+//! and is tested. The
 //! code is split by role: `attr.rs` parses the arguments, `valid.rs` checks
 //! them (and the fn), `expand.rs` generates the code.
 
@@ -59,13 +60,53 @@ use proc_macro::TokenStream;
 ///
 /// | key | | value |
 /// |---|---|---|
-/// | `name` | required | the lease's name, a non-empty string literal (at most 255 bytes). Every replica running this job must use the same name. |
-/// | `ttl` | required | a duration literal in [humantime] syntax (`"90s"`, `"1m 30s"`, `"500ms"`), whole milliseconds from 10 ms to 24 h. How long a crashed holder blocks the others; the lease is renewed every `ttl/3` while the body runs. |
+/// | `name` | required | the lease's name, 1 to 255 bytes. Every replica running this job must use the same name. A string literal is checked at compile time; any other expression that gives a string (`&str`, `String`, `Cow<str>`, ...) is evaluated at each call, inside the fn, with the parameters and `self` in scope (`name = JOB`, `name = format!("report-{tenant}")`, `name = self.name`), and checked then by the same rules: an invalid one skips the run with `lease::Error::InvalidName` (logged at warn). |
+/// | `ttl` | required | a duration literal in [humantime] syntax (`"90s"`, `"1m 30s"`, `"500ms"`), whole milliseconds from 10 ms to 24 h; or a `std::time::Duration` expression, evaluated at each call like `name` and checked then (`lease::Error::InvalidTtl`). How long a crashed holder blocks the others; the lease is renewed every `ttl/3` while the body runs. |
 /// | `lease` | | an expression that gives the `lease::Lease` to use: `Lease`, `&Lease`, `Arc<Lease>`, `LazyLock<Lease>` or `Option<&Lease>`. Evaluated at each call, inside the fn, with the parameters and `self` in scope (`lease = self.lease`). Default: `lease::global_default()`. |
 /// | `token` | | an identifier: the body sees the lease's `lease::CancellationToken` under this name. It is cancelled the moment the lease is lost; stop work that must not overlap with another holder. |
 /// | `fence` | | an identifier: the body sees this acquisition's fencing token (`Option<u64>`) under this name, to pass to the resource the job writes to. |
-/// | `min_hold` | | a duration literal, whole milliseconds, at most 24 h (longer than `ttl` is fine). The lease is kept — and renewed — until at least this long after it was acquired, even if the body finishes sooner; then it is released in the background while the fn has returned already. Stops a fast job from running twice per tick on replicas whose clocks differ (ShedLock's `lockAtLeastFor`). |
+/// | `min_hold` | | a duration (literal or expression, as `ttl`), whole milliseconds, at most 24 h (longer than `ttl` is fine). The lease is kept — and renewed — until at least this long after it was acquired, even if the body finishes sooner; then it is released in the background while the fn has returned already. Stops a fast job from running twice per tick on replicas whose clocks differ (ShedLock's `lockAtLeastFor`). |
+/// | `max_hold` | | a duration (as `min_hold`), more than zero: a ceiling on renewal. That long after the lease was acquired, the token is cancelled and the lease released, whether or not the body has stopped — a hung job cannot keep the lease for ever. |
+/// | `wait` | | a duration (as `min_hold`): wait up to this long for another holder to let the lease go, instead of skipping the run at once. |
+/// | `on_error` | | `"skip"` (the default) or `"return"`. With `"return"`, an acquisition *error* — the backend failed, an invalid run-time `name`, `ttl` or duration, no lease at all — is returned as `Err(e.into())`; the fn must return `Result<(), E>` or `Result<Option<T>, E>` with `E: From<lease::Error>`. A lease held elsewhere is still a skipped run (`Ok(())` / `Ok(None)`). |
 /// | `crate` | | the path of the `lease` crate as a string, when it is re-exported: `crate = "my_lib::lease"`. Default: `::lease`. |
+///
+/// An invalid duration given as an expression skips the run with
+/// `lease::Error::InvalidDuration` (logged at warn); a literal is checked at
+/// compile time instead. Expressions are evaluated in the order `lease`,
+/// `name`, `ttl`, `min_hold`, `max_hold`, `wait`, before the body runs.
+///
+/// ```
+/// use std::time::Duration;
+/// use lease::{Lease, backend::Memory, singleton};
+///
+/// struct Reports {
+///     lease: Lease,
+///     ttl: Duration,
+/// }
+///
+/// impl Reports {
+///     // One lease per tenant; wait up to 5 s for it; at most 10 minutes;
+///     // a backend failure is an `Err`, not a skipped run.
+///     #[singleton(
+///         name = format!("report-{tenant}"),
+///         ttl = self.ttl,
+///         wait = "5s",
+///         max_hold = "10m",
+///         lease = self.lease,
+///         on_error = "return",
+///     )]
+///     async fn report(&self, tenant: &str) -> Result<Option<usize>, lease::Error> {
+///         Ok(Some(tenant.len()))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let reports = Reports { lease: Lease::new(Memory::new()), ttl: Duration::from_secs(90) };
+/// assert_eq!(reports.report("acme").await.unwrap(), Some(4));
+/// # }
+/// ```
 ///
 /// # Return type and skipped runs
 ///
@@ -77,10 +118,13 @@ use proc_macro::TokenStream;
 ///
 /// - another replica holds the lease (logged at debug) — the normal case on
 ///   all replicas but one;
-/// - the lease could not be acquired: the backend failed (logged at warn);
+/// - the lease could not be acquired: the backend failed, or a `name`,
+///   `ttl` or duration given as an expression is invalid (logged at warn);
 ///   the next tick tries again;
 /// - there is no lease: no `lease = ...` and no `lease::set_global_default`
 ///   (logged at error, never a panic).
+///
+/// With `on_error = "return"`, the last two return the error instead.
 ///
 /// `return` and `?` in the body return from the fn as usual. Methods (`&self`,
 /// `&mut self`, `self: Arc<Self>`), generic fns and `impl Trait` arguments
@@ -93,11 +137,14 @@ use proc_macro::TokenStream;
 ///
 /// Mistakes are reported at compile time on the token that is wrong: a fn
 /// that is not `async`, a missing `name` or `ttl`, an unknown or duplicate
-/// argument, a `name` that is not a non-empty string literal, a `ttl` that
-/// does not parse or is out of range, a `min_hold` over 24 h, a `token` or
-/// `fence` that is not an identifier, a `lease` that is not a `Lease`, a
-/// return type that is not `Skippable`, and `#[singleton]` on anything but a
-/// fn. The fn is still emitted next to such an error, with the names given
+/// argument, an empty or over-long `name` literal, a `name` expression that
+/// is not a string, a `ttl` literal that does not parse or is out of range,
+/// a duration expression that is not a `Duration`, a `min_hold`, `max_hold`
+/// or `wait` over 24 h, a zero `max_hold`, an `on_error` other than
+/// `"skip"` or `"return"`, a `token` or `fence` that is not an identifier,
+/// a `lease` that is not a `Lease`, a return type that is not `Skippable`
+/// (or, with `on_error = "return"`, not a `Result` whose error type has
+/// `From<lease::Error>`), and `#[singleton]` on anything but a fn. The fn is still emitted next to such an error, with the names given
 /// by `token` and `fence` bound in its body, so the body adds no errors of
 /// its own (no "cannot find value `cancel`").
 ///

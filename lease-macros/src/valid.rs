@@ -7,24 +7,37 @@ use std::time::Duration;
 use proc_macro2::Span;
 use syn::{Expr, Ident, ItemFn, LitStr, Path};
 
-use crate::attr::Args;
+use crate::attr::{Args, Value};
 
 // The runtime's limits, copied: a proc-macro crate cannot depend on `lease`.
 // The test `limits_are_the_runtimes` checks them against `lease`'s.
 
 /// Shortest ttl (`lease::MIN_TTL`).
 const MIN_TTL: Duration = Duration::from_millis(10);
-/// Longest ttl (`lease::MAX_TTL`); also the longest `min_hold`.
+/// Longest ttl (`lease::MAX_TTL`); also the longest `min_hold`, `max_hold`
+/// and `wait`.
 const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Longest lease name in bytes (`lease::MAX_NAME_LEN`).
 const MAX_NAME_LEN: usize = 255;
 
+/// A duration argument that passed its checks.
+pub(crate) enum Dur {
+    /// A literal: its value in whole milliseconds, and its span.
+    Millis(u64, Span),
+    /// An expression, checked at run time.
+    Expr(Expr),
+}
+
 /// Arguments that passed every check.
 pub(crate) struct Singleton {
-    pub(crate) name: LitStr,
-    /// `(ttl in ms, span of the literal)`.
-    pub(crate) ttl_ms: (u64, Span),
-    pub(crate) min_hold_ms: Option<(u64, Span)>,
+    /// A literal (checked) or an expression.
+    pub(crate) name: Value,
+    pub(crate) ttl: Dur,
+    pub(crate) min_hold: Option<Dur>,
+    pub(crate) max_hold: Option<Dur>,
+    pub(crate) wait: Option<Dur>,
+    /// `on_error = "return"`: an acquisition error is the fn's `Err`.
+    pub(crate) return_errors: bool,
     pub(crate) lease: Option<Expr>,
     pub(crate) token: Option<Ident>,
     pub(crate) fence: Option<Ident>,
@@ -50,20 +63,30 @@ pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
     }
 
     let name = match &args.name {
-        Some(name) => errors.check(check_name(name)).map(|()| name.clone()),
+        Some(Value::Lit(name)) => errors.check(check_name(name)).map(|()| Value::Lit(name.clone())),
+        Some(expr @ Value::Expr(_)) => Some(expr.clone()),
         None => errors.missing("missing `name` argument; add the lease's name, shared by every replica: `name = \"nightly-report\"`"),
     };
     let ttl = match &args.ttl {
-        Some(ttl) => errors.check(check_ttl(ttl)),
+        Some(Value::Lit(ttl)) => errors.check(check_ttl(ttl)),
+        Some(Value::Expr(expr)) => Some(Dur::Expr(expr.clone())),
         None => errors.missing(
             "missing `ttl` argument; add how long a crashed holder keeps the lease, e.g. `ttl = \"90s\"` \
              (it is renewed every ttl/3 while the job runs)",
         ),
     };
-    let min_hold = args
-        .min_hold
-        .as_ref()
-        .and_then(|lit| errors.check(check_min_hold(lit)));
+    let mut hold = |value: &Option<Value>, key: Key| match value {
+        Some(Value::Lit(lit)) => errors.check(check_hold(lit, key)),
+        Some(Value::Expr(expr)) => Some(Dur::Expr(expr.clone())),
+        None => None,
+    };
+    let min_hold = hold(&args.min_hold, Key::MinHold);
+    let max_hold = hold(&args.max_hold, Key::MaxHold);
+    let wait = hold(&args.wait, Key::Wait);
+    let return_errors = match &args.on_error {
+        Some(lit) => errors.check(check_on_error(lit)).unwrap_or(false),
+        None => false,
+    };
     if let (Some(token), Some(fence)) = (&args.token, &args.fence)
         && token == fence
     {
@@ -76,8 +99,11 @@ pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
     errors.finish()?;
     Ok(Singleton {
         name: name.expect("BUG: a missing name is an error"),
-        ttl_ms: ttl.expect("BUG: a missing ttl is an error"),
-        min_hold_ms: min_hold,
+        ttl: ttl.expect("BUG: a missing ttl is an error"),
+        min_hold,
+        max_hold,
+        wait,
+        return_errors,
         lease: args.lease.clone(),
         token: args.token.clone(),
         fence: args.fence.clone(),
@@ -106,7 +132,7 @@ fn check_name(name: &LitStr) -> syn::Result<()> {
 }
 
 /// A ttl in whole milliseconds from 10 ms to 24 h, like `Lease::try_acquire`'s.
-fn check_ttl(lit: &LitStr) -> syn::Result<(u64, Span)> {
+fn check_ttl(lit: &LitStr) -> syn::Result<Dur> {
     let ttl = duration(lit, "ttl")?;
     let fail = |msg: &str| Err(syn::Error::new(lit.span(), msg));
     if ttl.is_zero() {
@@ -127,25 +153,79 @@ fn check_ttl(lit: &LitStr) -> syn::Result<(u64, Span)> {
             format_limit(MAX_TTL)
         ));
     }
-    Ok((whole_millis(lit, "ttl", ttl)?, lit.span()))
+    Ok(Dur::Millis(whole_millis(lit, "ttl", ttl)?, lit.span()))
 }
 
-/// Any duration up to 24 h, in whole milliseconds. Longer than the ttl is
-/// fine (the lease is renewed meanwhile); longer than a day is a mistake: a
-/// job that finished would block every replica for more than a day.
-fn check_min_hold(lit: &LitStr) -> syn::Result<(u64, Span)> {
-    let min_hold = duration(lit, "min_hold")?;
-    if min_hold > MAX_TTL {
-        return Err(syn::Error::new(
+/// The duration arguments besides `ttl`.
+#[derive(Clone, Copy, PartialEq)]
+enum Key {
+    MinHold,
+    MaxHold,
+    Wait,
+}
+
+impl Key {
+    fn name(self) -> &'static str {
+        match self {
+            Key::MinHold => "min_hold",
+            Key::MaxHold => "max_hold",
+            Key::Wait => "wait",
+        }
+    }
+}
+
+/// Any duration up to 24 h, in whole milliseconds (the rules `lease` applies
+/// to an expression at run time); `max_hold` is not zero.
+///
+/// `min_hold` longer than the ttl is fine (the lease is renewed meanwhile);
+/// longer than a day is a mistake: a job that finished would block every
+/// replica for more than a day. A `max_hold` or `wait` over a day is not a
+/// ceiling or a wait anyone means.
+fn check_hold(lit: &LitStr, hold: Key) -> syn::Result<Dur> {
+    let key = hold.name();
+    let value = duration(lit, key)?;
+    let fail = |msg: String| Err(syn::Error::new(lit.span(), msg));
+    if value > MAX_TTL {
+        let limit = format_limit(MAX_TTL);
+        return fail(match hold {
+            Key::MinHold => format!(
+                "`min_hold` must be at most {limit}: it keeps the lease after the job is done, \
+                 so use about one tick of the schedule, e.g. `min_hold = \"30s\"`"
+            ),
+            Key::MaxHold => format!(
+                "`max_hold` must be at most {limit}; use the longest a run may take, \
+                 e.g. `max_hold = \"10m\"`, or leave it out to renew for as long as the job runs"
+            ),
+            Key::Wait => format!(
+                "`wait` must be at most {limit}; use how long a tick may wait for the lease, \
+                 e.g. `wait = \"5s\"`"
+            ),
+        });
+    }
+    if hold == Key::MaxHold && value.is_zero() {
+        return fail(
+            "`max_hold` must not be zero: the token would fire as soon as the lease is acquired; \
+             use the longest a run may take, e.g. `max_hold = \"10m\"`"
+                .to_owned(),
+        );
+    }
+    Ok(Dur::Millis(whole_millis(lit, key, value)?, lit.span()))
+}
+
+/// `"skip"` (the default) or `"return"`: whether an acquisition error is
+/// returned as the fn's `Err`.
+fn check_on_error(lit: &LitStr) -> syn::Result<bool> {
+    match lit.value().as_str() {
+        "skip" => Ok(false),
+        "return" => Ok(true),
+        other => Err(syn::Error::new(
             lit.span(),
             format!(
-                "`min_hold` must be at most {}: it keeps the lease after the job is done, \
-                 so use about one tick of the schedule, e.g. `min_hold = \"30s\"`",
-                format_limit(MAX_TTL)
+                "`on_error` must be \"skip\" (the default: an acquisition error skips the run) \
+                 or \"return\" (it comes back as the fn's `Err`), not {other:?}"
             ),
-        ));
+        )),
     }
-    Ok((whole_millis(lit, "min_hold", min_hold)?, lit.span()))
 }
 
 /// Parse a humantime duration (`"90s"`, `"1m 30s"`, `"500ms"`).
@@ -236,8 +316,16 @@ mod tests {
         LitStr::new(s, Span::call_site())
     }
 
-    fn ms(r: syn::Result<(u64, Span)>) -> Result<u64, String> {
-        r.map(|(ms, _)| ms).map_err(|e| e.to_string())
+    fn ms(r: syn::Result<Dur>) -> Result<u64, String> {
+        match r {
+            Ok(Dur::Millis(ms, _)) => Ok(ms),
+            Ok(Dur::Expr(_)) => Err("an expression".to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn check_min_hold(lit: &LitStr) -> syn::Result<Dur> {
+        check_hold(lit, Key::MinHold)
     }
 
     #[test]
@@ -287,6 +375,39 @@ mod tests {
         assert!(ms(check_min_hold(&lit("1.5ms"))).is_err());
     }
 
+    #[test]
+    fn max_holds_and_waits() {
+        let max_hold = |s: &str| ms(check_hold(&lit(s), Key::MaxHold));
+        let wait = |s: &str| ms(check_hold(&lit(s), Key::Wait));
+        assert_eq!(max_hold("10m"), Ok(600_000));
+        assert_eq!(max_hold("1ms"), Ok(1));
+        assert_eq!(max_hold("24h"), Ok(86_400_000));
+        assert!(max_hold("0s").unwrap_err().contains("must not be zero"));
+        assert!(max_hold("25h").unwrap_err().contains("at most 24h"));
+        assert!(
+            max_hold("1.5ms")
+                .unwrap_err()
+                .contains("whole milliseconds")
+        );
+        assert_eq!(wait("5s"), Ok(5_000));
+        assert_eq!(wait("0s"), Ok(0));
+        assert!(
+            wait("25h")
+                .unwrap_err()
+                .contains("`wait` must be at most 24h")
+        );
+        let bad = wait("5x").unwrap_err();
+        assert!(bad.starts_with("invalid `wait` \"5x\""), "{bad}");
+    }
+
+    #[test]
+    fn on_error_values() {
+        assert_eq!(check_on_error(&lit("skip")).ok(), Some(false));
+        assert_eq!(check_on_error(&lit("return")).ok(), Some(true));
+        let bad = check_on_error(&lit("Return")).unwrap_err().to_string();
+        assert!(bad.contains("not \"Return\""), "{bad}");
+    }
+
     /// The macro's limits are `lease`'s (here a dev-dependency, which a
     /// proc-macro crate cannot have as a dependency): at each boundary, the
     /// last value `lease` accepts passes and one step past it fails, so a
@@ -295,6 +416,8 @@ mod tests {
     fn limits_are_the_runtimes() {
         let ttl = |d: Duration| ms(check_ttl(&lit(&format_ms(d))));
         let min_hold = |d: Duration| ms(check_min_hold(&lit(&format_ms(d))));
+        let max_hold = |d: Duration| ms(check_hold(&lit(&format_ms(d)), Key::MaxHold));
+        let wait = |d: Duration| ms(check_hold(&lit(&format_ms(d)), Key::Wait));
         let name = |len: usize| check_name(&lit(&"x".repeat(len))).map_err(|e| e.to_string());
         let (min_ttl, max_ttl) = (lease::MIN_TTL, lease::MAX_TTL);
         let step = Duration::from_millis(1);
@@ -313,12 +436,14 @@ mod tests {
             "{above}"
         );
 
-        assert_eq!(min_hold(max_ttl), Ok(max_ttl.as_millis() as u64));
-        let above = min_hold(max_ttl + step).unwrap_err();
-        assert!(
-            above.contains(&format!("at most {}", format_limit(max_ttl))),
-            "{above}"
-        );
+        for hold in [min_hold, max_hold, wait] {
+            assert_eq!(hold(max_ttl), Ok(max_ttl.as_millis() as u64));
+            let above = hold(max_ttl + step).unwrap_err();
+            assert!(
+                above.contains(&format!("at most {}", format_limit(max_ttl))),
+                "{above}"
+            );
+        }
 
         assert_eq!(name(lease::MAX_NAME_LEN), Ok(()));
         let long = name(lease::MAX_NAME_LEN + 1).unwrap_err();

@@ -42,6 +42,21 @@ pub enum Error {
         ttl: Duration,
     },
 
+    /// A duration given to `#[singleton]` as an expression (`min_hold`,
+    /// `max_hold`, `wait`) is out of range: each is whole milliseconds up to
+    /// 24 h, and `max_hold` is more than zero. (A literal is checked at
+    /// compile time instead; an invalid `ttl` is [`InvalidTtl`](Error::InvalidTtl).)
+    #[error(
+        "invalid `{argument}` {duration:?}: `min_hold`, `max_hold` and `wait` must be whole \
+         milliseconds up to 24h, and `max_hold` must not be zero"
+    )]
+    InvalidDuration {
+        /// The argument: `"min_hold"`, `"max_hold"` or `"wait"`.
+        argument: &'static str,
+        /// The rejected duration.
+        duration: Duration,
+    },
+
     /// A table name that is not `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified.
     #[error(
         "invalid table name {table:?}: use an identifier of letters, digits and `_` \
@@ -69,6 +84,16 @@ pub enum Error {
         "a global default lease is already set; set_global_default may be called once per process"
     )]
     GlobalDefaultAlreadySet,
+
+    /// A `#[singleton]` fn had no [`Lease`](crate::Lease) to run on: no
+    /// `lease = ...` (or it gave none, e.g. an empty `Option`) and no
+    /// [`set_global_default`](crate::set_global_default). Returned only with
+    /// `on_error = "return"`; otherwise the run is skipped (logged at error).
+    #[error(
+        "no lease to run on: call `lease::set_global_default` at start-up \
+         or pass `lease = ...` to `#[singleton]`"
+    )]
+    NoLease,
 
     /// A backend call did not answer in time.
     #[error("{operation} timed out after {after:?}")]
@@ -177,14 +202,15 @@ impl Error {
         Self::Backend(error.into())
     }
 
-    /// True for errors caused by the caller's input (name, holder, ttl, table,
-    /// prefix) rather than by the backend: retrying will not help.
+    /// True for errors caused by the caller's input (name, holder, ttl, a
+    /// `#[singleton]` duration, table, prefix) rather than by the backend: retrying will not help.
     pub fn is_invalid_input(&self) -> bool {
         matches!(
             self,
             Self::InvalidName { .. }
                 | Self::InvalidHolder { .. }
                 | Self::InvalidTtl { .. }
+                | Self::InvalidDuration { .. }
                 | Self::InvalidTable { .. }
                 | Self::InvalidPrefix { .. }
         )

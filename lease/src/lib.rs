@@ -42,11 +42,16 @@
 //! # }
 //! ```
 //!
-//! `name` and `ttl` are required. `lease = ...` picks the [`Lease`] (it
-//! defaults to the one installed with [`set_global_default`]), `token` and
-//! `fence` give the body the lease's [`CancellationToken`] and fencing token,
-//! `min_hold` keeps the lease for a while after a fast body, and `crate`
-//! names a re-export of this crate; see [`singleton`] for each argument. The
+//! `name` and `ttl` are required; each is a literal (checked at compile
+//! time) or an expression evaluated at each call (`name = format!("report-{tenant}")`,
+//! `ttl = self.ttl`). `lease = ...` picks the [`Lease`] (it defaults to the
+//! one installed with [`set_global_default`]), `token` and `fence` give the
+//! body the lease's [`CancellationToken`] and fencing token, `min_hold`
+//! keeps the lease for a while after a fast body, `max_hold` ends it after a
+//! while however long the body takes, `wait` waits for the lease instead of
+//! skipping, `on_error = "return"` returns an acquisition error as the fn's
+//! `Err` instead of skipping, and `crate` names a re-export of this crate;
+//! see [`singleton`] for each argument. The
 //! return type must implement [`Skippable`]: `()`, `bool`, `Option<T>`,
 //! `Result<(), E>` or `Result<Option<T>, E>`, whose skipped values are `()`,
 //! `false`, `None`, `Ok(())` and `Ok(None)`. Mistakes in the arguments are
@@ -66,9 +71,13 @@
 //!     let __lease = ::lease::__private::AsLease::as_lease(&(pod));
 //!     ::lease::__private::run(
 //!         __lease,
-//!         "nightly-report",
-//!         90000u64,
-//!         ::core::option::Option::None, // `min_hold`, in ms
+//!         ::lease::__private::Settings {
+//!             name: "nightly-report",
+//!             ttl: ::core::time::Duration::from_millis(90000u64),
+//!             min_hold: ::core::option::Option::None,
+//!             max_hold: ::core::option::Option::None,
+//!             wait: ::core::option::Option::None,
+//!         },
 //!         move |cancel, _| async move {
 //!             // Never taken: makes the block's type the fn's return type, so
 //!             // that a type error is reported in the body, not in here.
@@ -106,11 +115,16 @@
 //! # }
 //! ```
 //!
-//! `run` does what [`Lease::with_lease`] does — acquire, run the body with
-//! the token, renew every `ttl/3`, release — and maps a skipped run to
+//! `run` does what [`Lease::job`] does — acquire, run the body with the
+//! token, renew every `ttl/3`, release — and maps a skipped run to
 //! [`Skippable::skipped`] (logged at debug when the lease is held elsewhere,
-//! at warn when the store could not be reached, at error when there is no
-//! lease at all). The locals `__lease` and `__fake_return` are hygienic:
+//! at warn when the store could not be reached or an argument given as an
+//! expression is invalid, at error when there is no lease at all). An
+//! expression argument goes into `Settings` as written (a `name` through
+//! `__private::AsName`, which copies it), evaluated before the closure takes
+//! the body's captures. With `on_error = "return"` the call is
+//! `__private::run_or_err`, which returns an acquisition error as
+//! `Err(e.into())`. The locals `__lease` and `__fake_return` are hygienic:
 //! the body cannot see them.
 //!
 //! The body keeps its braces, as above, unless it is a single expression:
@@ -240,5 +254,7 @@ pub use lease_macros::singleton;
 /// Not public API: the runtime side of `#[singleton]`'s expansion.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::macro_runtime::{AsLease, global, run};
+    pub use crate::macro_runtime::{
+        AsLease, AsName, ReturnsError, Settings, global, run, run_or_err,
+    };
 }

@@ -5,53 +5,213 @@
 //!
 //! ```text
 //! let lease = AsLease::as_lease(&(<lease expr>));   // or global()
-//! run(lease, "<name>", <ttl ms>, <min_hold ms>, move |token, fence| async move { <body> }).await
+//! run(lease, Settings { name, ttl, min_hold, max_hold, wait }, move |token, fence| async move { <body> }).await
 //! ```
+//!
+//! (`run_or_err` instead of `run` with `on_error = "return"`). The
+//! settings' expressions are evaluated in the fn, before the body takes its
+//! captures; literals arrive checked already (at compile time), expressions
+//! are checked here, by the same rules.
 
+use std::borrow::Cow;
 use std::future::Future;
+use std::rc::Rc;
 use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
-use crate::{CancellationToken, Lease, Outcome, Skippable};
+use crate::{CancellationToken, Error, Lease, Outcome, Skip, Skippable, validate};
 
-/// Run `f` under the lease `name`, as [`Lease::with_lease`] does, and return
-/// its value — or [`Skippable::skipped`] when the run is skipped.
+/// The attribute's arguments, as evaluated at this call.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings<'a> {
+    /// `name`: a literal, or the value of the expression (checked by the
+    /// engine: an invalid one is [`Error::InvalidName`]).
+    pub name: &'a str,
+    /// `ttl` (an invalid one is [`Error::InvalidTtl`]).
+    pub ttl: Duration,
+    /// `min_hold`, if given.
+    pub min_hold: Option<Duration>,
+    /// `max_hold`, if given.
+    pub max_hold: Option<Duration>,
+    /// `wait`, if given.
+    pub wait: Option<Duration>,
+}
+
+impl Settings<'_> {
+    /// The rules a literal is checked against at compile time, for values
+    /// that were expressions. Name and ttl are the engine's to check.
+    fn check(&self) -> Result<(), Error> {
+        let holds = [
+            ("min_hold", self.min_hold),
+            ("max_hold", self.max_hold),
+            ("wait", self.wait),
+        ];
+        for (argument, duration) in holds {
+            if let Some(duration) = duration {
+                validate::hold(argument, duration)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run `f` under the lease `settings.name`, as [`Lease::job`] does, and
+/// return its value — or [`Skippable::skipped`] when the run is skipped.
 ///
 /// - `lease` is `None` (no `lease = ...` and no global default): skipped,
 ///   logged at error. Never a panic.
 /// - Held elsewhere: skipped, logged at debug. Acquisition failed (backend
-///   error, invalid name or ttl): skipped, logged at warn.
-/// - Otherwise `f` runs with the lease's token and fencing token. Then the
-///   lease is released; with `min_hold_ms` it is kept (and renewed) until
-///   that long after the acquisition and released in the background, while
-///   this returns at once.
-pub async fn run<T, F, Fut>(
-    lease: Option<Lease>,
-    name: &'static str,
-    ttl_ms: u64,
-    min_hold_ms: Option<u64>,
-    f: F,
-) -> T
+///   error, invalid name, ttl or duration): skipped, logged at warn.
+/// - Otherwise `f` runs with the lease's token and fencing token (after
+///   waiting up to `wait` for the lease). Then the lease is released; with
+///   `min_hold` it is kept (and renewed) until that long after the
+///   acquisition and released in the background, while this returns at
+///   once. With `max_hold`, the token fires and the lease is released that
+///   long after the acquisition.
+pub async fn run<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> T
 where
     T: Skippable,
     F: FnOnce(CancellationToken, Option<u64>) -> Fut,
     Fut: Future<Output = T>,
 {
+    match attempt(lease, settings, f).await {
+        Ok(value) => value,
+        Err(_) => T::skipped(), // logged
+    }
+}
+
+/// [`run`] for `on_error = "return"`: an acquisition error (not "held
+/// elsewhere") comes back as `Err(error.into())` instead of the skipped
+/// value. It is logged as in `run`.
+pub async fn run_or_err<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> T
+where
+    T: Skippable + ReturnsError,
+    F: FnOnce(CancellationToken, Option<u64>) -> Fut,
+    Fut: Future<Output = T>,
+{
+    match attempt(lease, settings, f).await {
+        Ok(value) => value,
+        Err(Skip::Error(error)) => T::from_lease_error(error),
+        Err(_) => T::skipped(),
+    }
+}
+
+/// `Ok` with `f`'s value if it ran; why not otherwise (logged).
+async fn attempt<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> Result<T, Skip>
+where
+    F: FnOnce(CancellationToken, Option<u64>) -> Fut,
+    Fut: Future<Output = T>,
+{
+    let name = settings.name;
     let Some(lease) = lease else {
         tracing::error!(
             lease.name = name,
             "skipped: no lease to run on; call `lease::set_global_default` at start-up \
              or pass `lease = ...` to `#[singleton]`"
         );
-        return T::skipped();
+        return Err(Skip::Error(Error::NoLease));
     };
-    let mut job = lease.job(name, Duration::from_millis(ttl_ms));
-    if let Some(ms) = min_hold_ms {
-        job = job.min_hold(Duration::from_millis(ms));
+    if let Err(error) = settings.check() {
+        tracing::warn!(lease.name = name, holder = lease.holder(), error = %error.chain(), "skipped: could not acquire lease");
+        return Err(Skip::Error(error));
+    }
+    let mut job = lease.job(name, settings.ttl);
+    if let Some(min_hold) = settings.min_hold {
+        job = job.min_hold(min_hold);
+    }
+    if let Some(max_hold) = settings.max_hold {
+        job = job.max_hold(max_hold);
+    }
+    if let Some(wait) = settings.wait {
+        job = job.wait(wait);
     }
     match job.run(f).await {
-        Outcome::Ran(value) => value,
-        Outcome::Skipped(_) => T::skipped(), // logged by `Job::run`
+        Outcome::Ran(value) => Ok(value),
+        Outcome::Skipped(skip) => Err(skip), // logged by `Job::run`
+    }
+}
+
+/// What `on_error = "return"` needs of the fn's return type: a way to carry
+/// a [`lease::Error`](Error) — `Result<_, E>` with `E: From<lease::Error>`.
+#[diagnostic::on_unimplemented(
+    message = "`on_error = \"return\"` cannot return a `lease::Error` from a fn that returns `{Self}`",
+    label = "`{Self}` cannot carry a `lease::Error`",
+    note = "return `Result<(), E>` or `Result<Option<T>, E>` where `E: From<lease::Error>` \
+            (e.g. `anyhow::Error`, or an error enum with a `#[from] lease::Error` variant), \
+            or leave out `on_error` to skip the run on an acquisition error"
+)]
+pub trait ReturnsError {
+    /// `Err(error.into())`.
+    fn from_lease_error(error: Error) -> Self;
+}
+
+impl<T, E: From<Error>> ReturnsError for Result<T, E> {
+    fn from_lease_error(error: Error) -> Self {
+        Err(error.into())
+    }
+}
+
+/// What `name = <expression>` accepts: anything that reads as a string.
+///
+/// The macro evaluates `AsName::as_name(&(expr))` before the body takes its
+/// captures, so `name = self.name` works for `&self`, `&mut self` and
+/// `self: Arc<Self>` alike (the name is copied).
+#[diagnostic::on_unimplemented(
+    message = "`name = ...` must be a string, not `{Self}`",
+    label = "expected `&str`, `String` or `Cow<str>`",
+    note = "pass the lease's name, e.g. `name = \"nightly-report\"`, `name = JOB_NAME` \
+            or `name = format!(\"report-{{tenant}}\")`"
+)]
+pub trait AsName {
+    /// The name, copied.
+    fn as_name(&self) -> String;
+}
+
+impl AsName for str {
+    fn as_name(&self) -> String {
+        self.to_owned()
+    }
+}
+
+impl AsName for String {
+    fn as_name(&self) -> String {
+        self.clone()
+    }
+}
+
+impl AsName for Cow<'_, str> {
+    fn as_name(&self) -> String {
+        (**self).to_owned()
+    }
+}
+
+impl AsName for Box<str> {
+    fn as_name(&self) -> String {
+        (**self).to_owned()
+    }
+}
+
+impl AsName for Arc<str> {
+    fn as_name(&self) -> String {
+        (**self).to_owned()
+    }
+}
+
+impl AsName for Rc<str> {
+    fn as_name(&self) -> String {
+        (**self).to_owned()
+    }
+}
+
+impl<N: AsName + ?Sized> AsName for &N {
+    fn as_name(&self) -> String {
+        (**self).as_name()
+    }
+}
+
+impl<N: AsName + ?Sized> AsName for &mut N {
+    fn as_name(&self) -> String {
+        (**self).as_name()
     }
 }
 

@@ -40,6 +40,20 @@ pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
     Ok(())
 }
 
+/// A duration argument of `#[singleton]` given as an expression (`min_hold`,
+/// `max_hold`, `wait`): whole milliseconds up to [`MAX_TTL`], the rules the
+/// macro applies to a literal at compile time; `max_hold` is more than zero
+/// (the token would fire at once).
+pub(crate) fn hold(argument: &'static str, duration: Duration) -> Result<(), Error> {
+    if duration > MAX_TTL
+        || !duration.subsec_nanos().is_multiple_of(1_000_000)
+        || (argument == "max_hold" && duration.is_zero())
+    {
+        return Err(Error::InvalidDuration { argument, duration });
+    }
+    Ok(())
+}
+
 /// The inputs of a backend call with a ttl (acquire, renew), checked as the
 /// engine checks them; the ttl in whole milliseconds, the unit every backend
 /// sends.
@@ -141,6 +155,23 @@ mod tests {
         assert!(ttl(Duration::ZERO).is_err());
         assert!(ttl(Duration::from_secs(86_400) + Duration::from_millis(1)).is_err());
         assert!(ttl(Duration::from_micros(10_500)).is_err());
+    }
+
+    #[test]
+    fn holds() {
+        let ms = Duration::from_millis;
+        for argument in ["min_hold", "max_hold", "wait"] {
+            assert!(hold(argument, ms(1)).is_ok());
+            assert!(hold(argument, MAX_TTL).is_ok());
+            assert!(matches!(
+                hold(argument, MAX_TTL + ms(1)),
+                Err(Error::InvalidDuration { argument: a, .. }) if a == argument
+            ));
+            assert!(hold(argument, Duration::from_micros(1_500)).is_err());
+        }
+        assert!(hold("min_hold", Duration::ZERO).is_ok());
+        assert!(hold("wait", Duration::ZERO).is_ok());
+        assert!(hold("max_hold", Duration::ZERO).is_err());
     }
 
     #[test]

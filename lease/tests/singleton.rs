@@ -357,3 +357,116 @@ async fn an_unreachable_backend_skips_the_run() {
     assert!(!returns_bool(&down, &runs).await);
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+// ---------------------------------------------------------------------------
+// Round two: expressions for `name` and the durations, `wait`, `max_hold`,
+// `on_error = "return"`.
+
+/// One lease per tenant: the name is made from the arguments at each call.
+#[singleton(name = format!("singleton-tenant-{tenant}"), ttl = ttl, lease = pod)]
+async fn tenant_report(pod: &Lease, tenant: &str, ttl: Duration) -> Option<String> {
+    sleep(Duration::from_millis(100)).await;
+    Some(format!("{tenant}@{}", pod.holder()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_name_expression_gives_each_tenant_its_own_lease() {
+    let (db, a, b) = pods();
+    let ttl = Duration::from_secs(2);
+    let (acme, globex, acme_again) = tokio::join!(
+        tenant_report(&a, "acme", ttl),
+        tenant_report(&b, "globex", ttl),
+        tenant_report(&b, "acme", ttl),
+    );
+    assert_eq!(acme.as_deref(), Some("acme@pod-a"));
+    assert_eq!(
+        globex.as_deref(),
+        Some("globex@pod-b"),
+        "another tenant's lease"
+    );
+    assert_eq!(acme_again, None, "the same tenant's lease is held");
+    assert_eq!(db.holder("singleton-tenant-acme"), None, "released");
+
+    // Invalid at run time: skipped (logged), not a panic.
+    assert_eq!(tenant_report(&a, "acme", Duration::ZERO).await, None);
+    let long = "x".repeat(300);
+    assert_eq!(tenant_report(&a, &long, ttl).await, None);
+}
+
+#[singleton(name = "singleton-wait", ttl = "2s", lease = pod, wait = "5s")]
+async fn patient(pod: &Lease) -> Option<Instant> {
+    Some(Instant::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_runs_once_the_other_pod_lets_go() {
+    let (_db, a, b) = pods();
+    let held = b
+        .try_acquire("singleton-wait", Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("free");
+    let t0 = Instant::now();
+    let release = async {
+        sleep(Duration::from_secs(1)).await;
+        held.release().await.unwrap();
+    };
+    let (started, ()) = tokio::join!(patient(&a), release);
+    let waited = started.expect("ran after waiting") - t0;
+    assert!(
+        waited >= Duration::from_secs(1) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+}
+
+#[singleton(name = "singleton-max-hold", ttl = "1s", lease = pod, token = cancel, max_hold = max_hold)]
+async fn hangs(pod: &Lease, max_hold: Duration) -> Option<Instant> {
+    cancel.cancelled().await;
+    Some(Instant::now())
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_stops_a_job_that_would_hang() {
+    let (db, a, _) = pods();
+    let t0 = Instant::now();
+    let stopped = hangs(&a, Duration::from_secs(5)).await.expect("ran");
+    assert_eq!(stopped - t0, Duration::from_secs(5));
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(db.holder("singleton-max-hold"), None);
+}
+
+#[derive(Debug)]
+enum ReportError {
+    Lease(Error),
+}
+
+impl From<Error> for ReportError {
+    fn from(e: Error) -> Self {
+        ReportError::Lease(e)
+    }
+}
+
+#[singleton(name = "singleton-on-error", ttl = ttl, lease = pod, on_error = "return")]
+async fn reports_errors(pod: &Lease, ttl: Duration) -> Result<Option<u32>, ReportError> {
+    Ok(Some(1))
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_error_return_gives_the_acquisition_error_to_the_caller() {
+    let (_db, a, b) = pods();
+    let ttl = Duration::from_secs(2);
+    assert!(matches!(reports_errors(&a, ttl).await, Ok(Some(1))));
+    assert!(matches!(
+        reports_errors(&a, Duration::from_millis(1)).await,
+        Err(ReportError::Lease(Error::InvalidTtl { .. }))
+    ));
+    let _held = b
+        .try_acquire("singleton-on-error", ttl)
+        .await
+        .unwrap()
+        .expect("free");
+    assert!(
+        matches!(reports_errors(&a, ttl).await, Ok(None)),
+        "held elsewhere is not an error"
+    );
+}

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::{AsLease, run};
+use super::{AsLease, AsName, Settings, run, run_or_err};
 use crate::backend::Memory;
 use crate::test_util::capture_logs;
 use crate::{Error, Lease, Skippable};
@@ -18,6 +18,25 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// The settings of `name = "job", ttl = "3s"`.
+fn job() -> Settings<'static> {
+    Settings {
+        name: "job",
+        ttl: TTL,
+        min_hold: None,
+        max_hold: None,
+        wait: None,
+    }
+}
+
+/// `job()` with `min_hold = <n ms>`.
+fn min_hold(n: u64) -> Settings<'static> {
+    Settings {
+        min_hold: Some(ms(n)),
+        ..job()
+    }
+}
+
 fn pods() -> (Memory, Lease, Lease) {
     let db = Memory::new();
     let a = Lease::with_holder(db.clone(), "a");
@@ -27,7 +46,7 @@ fn pods() -> (Memory, Lease, Lease) {
 
 /// Run a body that records that it ran and returns `value`.
 async fn tick<T: Skippable>(lease: Option<&Lease>, ran: &Mutex<bool>, value: T) -> T {
-    run(lease.cloned(), "job", TTL_MS, None, |_, _| async move {
+    run(lease.cloned(), job(), |_, _| async move {
         *ran.lock().unwrap() = true;
         value
     })
@@ -39,17 +58,11 @@ async fn runs_the_body_with_the_token_and_fencing_token_and_releases() {
     let (db, a, _) = pods();
     for expected_fence in [1, 2] {
         let db = &db;
-        let out = run(
-            Some(a.clone()),
-            "job",
-            TTL_MS,
-            None,
-            |token, fence| async move {
-                assert!(!token.is_cancelled());
-                assert_eq!(db.holder("job").as_deref(), Some("a"));
-                fence
-            },
-        )
+        let out = run(Some(a.clone()), job(), |token, fence| async move {
+            assert!(!token.is_cancelled());
+            assert_eq!(db.holder("job").as_deref(), Some("a"));
+            fence
+        })
         .await;
         assert_eq!(out, Some(expected_fence));
         sleep(ms(1)).await;
@@ -77,9 +90,16 @@ async fn held_elsewhere_returns_the_skipped_value_without_running() {
 #[tokio::test(start_paused = true)]
 async fn an_acquisition_error_returns_the_skipped_value() {
     let (_db, a, _) = pods();
-    let out: Result<Option<u8>, Error> = run(Some(a), "job", 0, None, |_, _| async {
-        unreachable!("ttl 0 is invalid");
-    })
+    let out: Result<Option<u8>, Error> = run(
+        Some(a),
+        Settings {
+            ttl: Duration::ZERO,
+            ..job()
+        },
+        |_, _| async {
+            unreachable!("ttl 0 is invalid");
+        },
+    )
     .await;
     assert!(matches!(out, Ok(None)));
 }
@@ -101,10 +121,7 @@ async fn no_lease_is_skipped_with_an_error_log_not_a_panic() {
 async fn min_hold_keeps_the_lease_after_a_fast_body_then_lets_go() {
     let (db, a, b) = pods();
     let t0 = Instant::now();
-    let out = run(Some(a.clone()), "job", TTL_MS, Some(2_000), |_, _| async {
-        Some(1)
-    })
-    .await;
+    let out = run(Some(a.clone()), min_hold(2_000), |_, _| async { Some(1) }).await;
     assert_eq!(out, Some(1));
     assert_eq!(Instant::now(), t0, "returns at once");
 
@@ -114,10 +131,7 @@ async fn min_hold_keeps_the_lease_after_a_fast_body_then_lets_go() {
         b.try_acquire("job", TTL).await.unwrap().is_none(),
         "another pod is refused"
     );
-    let again = run(Some(a.clone()), "job", TTL_MS, None, |_, _| async {
-        Some(2)
-    })
-    .await;
+    let again = run(Some(a.clone()), job(), |_, _| async { Some(2) }).await;
     assert_eq!(again, None, "this pod's next tick is skipped too");
 
     sleep_until(t0 + ms(2_001)).await;
@@ -129,13 +143,9 @@ async fn min_hold_keeps_the_lease_after_a_fast_body_then_lets_go() {
 async fn min_hold_longer_than_the_ttl_renews_the_lease() {
     let (db, a, b) = pods();
     let t0 = Instant::now();
-    let fence = run(
-        Some(a.clone()),
-        "job",
-        TTL_MS,
-        Some(10_000),
-        |_, fence| async move { fence },
-    )
+    let fence = run(Some(a.clone()), min_hold(10_000), |_, fence| async move {
+        fence
+    })
     .await;
     for at in [2_000, 4_000, 6_000, 8_000, 9_999] {
         sleep_until(t0 + ms(at)).await;
@@ -159,7 +169,7 @@ async fn min_hold_longer_than_the_ttl_renews_the_lease() {
 async fn min_hold_shorter_than_the_body_releases_when_the_body_ends() {
     let (db, a, _) = pods();
     let t0 = Instant::now();
-    run(Some(a), "job", TTL_MS, Some(2_000), |_, _| sleep(ms(5_000))).await;
+    run(Some(a), min_hold(2_000), |_, _| sleep(ms(5_000))).await;
     assert_eq!(Instant::now() - t0, ms(5_000));
     sleep(ms(1)).await;
     assert_eq!(db.holder("job"), None);
@@ -169,9 +179,7 @@ async fn min_hold_shorter_than_the_body_releases_when_the_body_ends() {
 async fn a_lease_lost_during_min_hold_is_cleaned_up() {
     let (db, a, b) = pods();
     let t0 = Instant::now();
-    run(Some(a.clone()), "job", TTL_MS, Some(10_000), |_, _| async {
-    })
-    .await;
+    run(Some(a.clone()), min_hold(10_000), |_, _| async {}).await;
     sleep_until(t0 + ms(1_500)).await;
     db.expire("job");
     let taker = b
@@ -196,21 +204,15 @@ async fn a_lease_lost_during_min_hold_is_cleaned_up() {
 async fn a_lease_lost_during_the_body_is_released_despite_min_hold() {
     let (db, a, _) = pods();
     let db2 = db.clone();
-    run(
-        Some(a.clone()),
-        "job",
-        TTL_MS,
-        Some(10_000),
-        |token, _| async move {
-            db2.expire("job");
-            token.cancelled().await; // noticed at the renewal at 1 s
-        },
-    )
+    run(Some(a.clone()), min_hold(10_000), |token, _| async move {
+        db2.expire("job");
+        token.cancelled().await; // noticed at the renewal at 1 s
+    })
     .await;
     sleep(ms(1)).await;
     // Nothing renews a lost lease, so nothing may wait for min_hold to free
     // the name: this pod can run the job again at once.
-    let again = run(Some(a.clone()), "job", TTL_MS, None, |_, _| async { true }).await;
+    let again = run(Some(a.clone()), job(), |_, _| async { true }).await;
     assert!(again, "the name must not stay reserved after a loss");
 }
 
@@ -218,7 +220,7 @@ async fn a_lease_lost_during_the_body_is_released_despite_min_hold() {
 async fn a_panicking_body_releases_at_once_despite_min_hold() {
     let (db, a, _) = pods();
     let task: tokio::task::JoinHandle<()> = tokio::spawn(async move {
-        run(Some(a), "job", TTL_MS, Some(10_000), |_, _| async {
+        run(Some(a), min_hold(10_000), |_, _| async {
             panic!("job failed")
         })
         .await
@@ -240,13 +242,7 @@ fn a_runtime_shutting_down_during_min_hold_frees_the_name() {
     };
     let a = Lease::with_holder(Memory::new(), "a");
     let rt = runtime();
-    rt.block_on(run(
-        Some(a.clone()),
-        "job",
-        TTL_MS,
-        Some(10_000),
-        |_, _| async {},
-    ));
+    rt.block_on(run(Some(a.clone()), min_hold(10_000), |_, _| async {}));
     drop(rt);
     let rt = runtime();
     let guard = rt.block_on(a.try_acquire("job", TTL)).unwrap();
@@ -262,16 +258,10 @@ async fn the_future_is_send_when_the_body_is() {
         f
     }
     let (_db, a, _) = pods();
-    let fut = assert_send(run(
-        Some(a),
-        "job",
-        TTL_MS,
-        Some(1_000),
-        |token, _| async move {
-            sleep(ms(1)).await;
-            token.is_cancelled()
-        },
-    ));
+    let fut = assert_send(run(Some(a), min_hold(1_000), |token, _| async move {
+        sleep(ms(1)).await;
+        token.is_cancelled()
+    }));
     assert!(!tokio::spawn(fut).await.unwrap());
 }
 
@@ -293,4 +283,236 @@ fn as_lease_accepts_every_way_of_holding_a_lease() {
     );
     assert_eq!(holder(AsLease::as_lease(&None::<&Lease>)), None);
     assert_eq!(holder(AsLease::as_lease(&LAZY)).as_deref(), Some("lazy"));
+}
+
+/// Run `settings` on `a` with a body that records that it ran; returns the
+/// value and whether the body ran.
+async fn run_with(a: &Lease, settings: Settings<'_>) -> (Option<u8>, bool) {
+    let ran = Mutex::new(false);
+    let out = run(Some(a.clone()), settings, |_, _| async {
+        *ran.lock().unwrap() = true;
+        Some(1)
+    })
+    .await;
+    (out, ran.into_inner().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_run_time_name_is_skipped_and_logged() {
+    let (db, a, _) = pods();
+    let (logs, _guard) = capture_logs();
+    let long = "x".repeat(256);
+    for name in ["", long.as_str()] {
+        let (out, ran) = run_with(&a, Settings { name, ..job() }).await;
+        assert_eq!((out, ran), (None, false), "{name:?}");
+        assert_eq!(db.holder(name), None);
+    }
+    let logs = logs.text();
+    assert_eq!(logs.matches("WARN").count(), 2, "{logs}");
+    assert!(logs.contains("invalid lease name (0 bytes)"), "{logs}");
+    assert!(logs.contains("invalid lease name (256 bytes)"), "{logs}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_run_time_ttl_is_skipped_and_logged() {
+    let (_db, a, _) = pods();
+    let (logs, _guard) = capture_logs();
+    for ttl in [
+        Duration::ZERO,
+        ms(9),
+        Duration::from_micros(10_500),
+        crate::MAX_TTL + ms(1),
+        Duration::MAX,
+    ] {
+        let (out, ran) = run_with(&a, Settings { ttl, ..job() }).await;
+        assert_eq!((out, ran), (None, false), "{ttl:?}");
+    }
+    let logs = logs.text();
+    assert_eq!(logs.matches("WARN").count(), 5, "{logs}");
+    assert_eq!(logs.matches("invalid ttl").count(), 5, "{logs}");
+}
+
+/// The limits a literal gets at compile time hold for expressions at run
+/// time: up to 24 h, whole milliseconds, `max_hold` not zero.
+#[tokio::test(start_paused = true)]
+async fn invalid_run_time_durations_are_skipped_and_logged() {
+    let (db, a, _) = pods();
+    let (logs, _guard) = capture_logs();
+    let day_and_a_ms = crate::MAX_TTL + ms(1);
+    let bad = [
+        Settings {
+            min_hold: Some(day_and_a_ms),
+            ..job()
+        },
+        Settings {
+            max_hold: Some(Duration::ZERO),
+            ..job()
+        },
+        Settings {
+            max_hold: Some(day_and_a_ms),
+            ..job()
+        },
+        Settings {
+            wait: Some(Duration::from_micros(1_500)),
+            ..job()
+        },
+    ];
+    for settings in bad {
+        let (out, ran) = run_with(&a, settings).await;
+        assert_eq!((out, ran), (None, false), "{settings:?}");
+        assert_eq!(db.holder("job"), None, "not even acquired");
+    }
+    let logs = logs.text();
+    assert_eq!(logs.matches("WARN").count(), 4, "{logs}");
+    assert_eq!(logs.matches("invalid `min_hold`").count(), 1, "{logs}");
+    assert_eq!(logs.matches("invalid `max_hold`").count(), 2, "{logs}");
+    assert_eq!(logs.matches("invalid `wait`").count(), 1, "{logs}");
+
+    // The boundaries themselves are fine.
+    let good = Settings {
+        min_hold: Some(Duration::ZERO),
+        max_hold: Some(crate::MAX_TTL),
+        wait: Some(Duration::ZERO),
+        ..job()
+    };
+    assert_eq!(run_with(&a, good).await, (Some(1), true));
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_runs_the_body_once_the_holder_lets_go() {
+    let (_db, a, b) = pods();
+    let held = b.try_acquire("job", TTL).await.unwrap().unwrap();
+    let t0 = Instant::now();
+    tokio::spawn(async move {
+        sleep(ms(2_000)).await;
+        held.release().await.unwrap();
+    });
+    let started = run(
+        Some(a.clone()),
+        Settings {
+            wait: Some(ms(5_000)),
+            ..job()
+        },
+        |_, _| async { Some(Instant::now()) },
+    )
+    .await
+    .expect("ran after waiting");
+    let waited = started - t0;
+    // b's lease is another `Lease`'s: `Memory` is polled every ttl/10 ± 20%.
+    assert!(
+        waited >= ms(2_000) && waited <= ms(2_400),
+        "started after {waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn wait_gives_up_with_the_skipped_value_when_the_lease_stays_held() {
+    let (_db, a, b) = pods();
+    let _held = b.try_acquire("job", TTL).await.unwrap().unwrap();
+    let t0 = Instant::now();
+    let settings = Settings {
+        wait: Some(ms(1_000)),
+        ..job()
+    };
+    assert_eq!(run_with(&a, settings).await, (None, false));
+    assert_eq!(Instant::now() - t0, ms(1_000), "waited the whole second");
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_hold_cancels_the_token_and_ends_the_lease() {
+    let (db, a, b) = pods();
+    let t0 = Instant::now();
+    let settings = Settings {
+        max_hold: Some(ms(5_000)),
+        ..job()
+    };
+    let db2 = db.clone();
+    let cancelled_at = run(Some(a.clone()), settings, |token, _| async move {
+        // Renewed past the ttl until then.
+        sleep(ms(4_000)).await;
+        assert_eq!(db2.holder("job").as_deref(), Some("a"));
+        token.cancelled().await;
+        Some(Instant::now())
+    })
+    .await
+    .expect("ran");
+    assert_eq!(cancelled_at - t0, ms(5_000), "the token fired at max_hold");
+    sleep(ms(1)).await;
+    assert_eq!(db.holder("job"), None, "released");
+    assert!(b.try_acquire("job", TTL).await.unwrap().is_some());
+}
+
+/// With `on_error = "return"`: an acquisition error is `Err(e.into())`;
+/// held elsewhere is still the skipped value; a run's value is its own.
+#[tokio::test(start_paused = true)]
+async fn run_or_err_returns_acquisition_errors() {
+    #[derive(Debug)]
+    struct JobError(Error);
+    impl From<Error> for JobError {
+        fn from(e: Error) -> Self {
+            JobError(e)
+        }
+    }
+    let (logs, _guard) = capture_logs();
+    let (_db, a, b) = pods();
+    let body = |_, _| async { Ok::<_, JobError>(Some(1)) };
+
+    let invalid = Settings {
+        ttl: Duration::ZERO,
+        ..job()
+    };
+    let out = run_or_err(Some(a.clone()), invalid, body).await;
+    assert!(
+        matches!(out, Err(JobError(Error::InvalidTtl { .. }))),
+        "{out:?}"
+    );
+    let bad_wait = Settings {
+        wait: Some(crate::MAX_TTL + ms(1)),
+        ..job()
+    };
+    let out = run_or_err(Some(a.clone()), bad_wait, body).await;
+    assert!(
+        matches!(
+            out,
+            Err(JobError(Error::InvalidDuration {
+                argument: "wait",
+                ..
+            }))
+        ),
+        "{out:?}"
+    );
+    let out = run_or_err(None, job(), body).await;
+    assert!(matches!(out, Err(JobError(Error::NoLease))), "{out:?}");
+    assert!(logs.text().contains("invalid ttl"), "still logged");
+
+    let held = b.try_acquire("job", TTL).await.unwrap().unwrap();
+    let out = run_or_err(Some(a.clone()), job(), body).await;
+    assert!(matches!(out, Ok(None)), "held elsewhere: {out:?}");
+    held.release().await.unwrap();
+
+    let out = run_or_err(Some(a.clone()), job(), body).await;
+    assert!(matches!(out, Ok(Some(1))), "{out:?}");
+    let out: Result<(), JobError> = run_or_err(Some(a), job(), |_, _| async {
+        Err(JobError(Error::ShutDown))
+    })
+    .await;
+    assert!(
+        matches!(out, Err(JobError(Error::ShutDown))),
+        "the body's own error"
+    );
+}
+
+#[test]
+fn as_name_accepts_every_way_of_holding_a_string() {
+    use std::borrow::Cow;
+    use std::rc::Rc;
+    let owned = String::from("n");
+    assert_eq!(AsName::as_name(&"n"), "n");
+    assert_eq!(AsName::as_name(&owned), "n");
+    assert_eq!(AsName::as_name(&&owned), "n");
+    assert_eq!(AsName::as_name(&format!("report-{}", 7)), "report-7");
+    assert_eq!(AsName::as_name(&Cow::Borrowed("n")), "n");
+    assert_eq!(AsName::as_name(&Box::<str>::from("n")), "n");
+    assert_eq!(AsName::as_name(&Arc::<str>::from("n")), "n");
+    assert_eq!(AsName::as_name(&Rc::<str>::from("n")), "n");
 }

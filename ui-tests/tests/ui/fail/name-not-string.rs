@@ -1,6 +1,6 @@
 use lease::singleton;
 
-#[singleton(name = digest, ttl = "90s")]
+#[singleton(name = 42, ttl = "90s")]
 async fn send_digest() {}
 
 fn main() {}

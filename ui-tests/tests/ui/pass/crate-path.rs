@@ -12,15 +12,13 @@ mod my_lib {
         pub mod __private {
             use std::sync::atomic::{AtomicUsize, Ordering};
 
-            pub use ::lease::__private::AsLease;
+            pub use ::lease::__private::{AsLease, Settings};
 
             pub static CALLS: AtomicUsize = AtomicUsize::new(0);
 
             pub async fn run<T, F, Fut>(
                 lease: Option<::lease::Lease>,
-                name: &'static str,
-                ttl_ms: u64,
-                min_hold_ms: Option<u64>,
+                settings: Settings<'_>,
                 f: F,
             ) -> T
             where
@@ -29,7 +27,7 @@ mod my_lib {
                 Fut: std::future::Future<Output = T>,
             {
                 CALLS.fetch_add(1, Ordering::SeqCst);
-                ::lease::__private::run(lease, name, ttl_ms, min_hold_ms, f).await
+                ::lease::__private::run(lease, settings, f).await
             }
         }
     }

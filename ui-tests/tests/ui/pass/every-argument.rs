@@ -3,6 +3,9 @@
 use lease::{CancellationToken, Lease, backend::Memory, singleton};
 
 #[singleton(
+    on_error = "return",
+    wait = "1s",
+    max_hold = "10m",
     min_hold = "1m 30s",
     fence = fencing_token,
     token = cancel,
@@ -11,14 +14,14 @@ use lease::{CancellationToken, Lease, backend::Memory, singleton};
     name = "every-argument",
     crate = "::lease",
 )]
-async fn every_argument(lease: &Lease) -> Option<(u64, bool)> {
+async fn every_argument(lease: &Lease) -> Result<Option<(u64, bool)>, lease::Error> {
     let cancel: CancellationToken = cancel;
     let fencing_token: Option<u64> = fencing_token;
-    Some((fencing_token?, cancel.is_cancelled()))
+    Ok(fencing_token.map(|f| (f, cancel.is_cancelled())))
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let lease = Lease::new(Memory::new());
-    assert_eq!(every_argument(&lease).await, Some((1, false)));
+    assert!(matches!(every_argument(&lease).await, Ok(Some((1, false)))));
 }

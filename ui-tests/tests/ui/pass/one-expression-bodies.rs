@@ -106,4 +106,39 @@ async fn main() {
     assert_eq!(jobs.option().await, Some(1));
     assert_eq!(jobs.result().await, Ok(()));
     assert_eq!(jobs.result_option().await, Ok(Some(1)));
+    new_arguments().await;
+}
+
+// The new arguments, as expressions, with one-expression bodies.
+const JOB: &str = "const-name";
+
+#[singleton(name = JOB, ttl = std::time::Duration::from_secs(90), lease = lease)]
+async fn const_name(lease: &Lease) -> bool { true }
+
+#[singleton(name = format!("tenant-{tenant}"), ttl = "90s", wait = "1s", max_hold = "10m", lease = lease)]
+async fn per_tenant(lease: &Lease, tenant: u32) -> Option<u32> { Some(tenant) }
+
+#[singleton(name = "durations", ttl = ttl, min_hold = ttl / 2, max_hold = ttl * 2, wait = ttl / 90, lease = lease)]
+async fn durations(lease: &Lease, ttl: std::time::Duration) -> Option<u64> { Some(ttl.as_secs()) }
+
+#[singleton(name = "returns-errors", ttl = "90s", lease = lease, on_error = "return")]
+async fn returns_errors(lease: &Lease) -> Result<Option<u8>, lease::Error> { Ok(Some(1)) }
+
+#[singleton(name = "returns-errors-unit", ttl = "90s", lease = lease, on_error = "return")]
+async fn returns_errors_unit(lease: &Lease) -> Result<(), lease::Error> { ok!() }
+
+impl Jobs {
+    #[singleton(name = format!("m-{}", self.runs), ttl = "90s", lease = self.lease, on_error = "return")]
+    async fn named_by_self(&self) -> Result<Option<u32>, lease::Error> { Ok(Some(self.runs)) }
+}
+
+async fn new_arguments() {
+    let lease = Lease::new(Memory::new());
+    assert!(const_name(&lease).await);
+    assert_eq!(per_tenant(&lease, 7).await, Some(7));
+    assert_eq!(durations(&lease, std::time::Duration::from_secs(90)).await, Some(90));
+    assert!(matches!(returns_errors(&lease).await, Ok(Some(1))));
+    assert!(returns_errors_unit(&lease).await.is_ok());
+    let jobs = Jobs { lease, runs: 3 };
+    assert!(matches!(jobs.named_by_self().await, Ok(Some(3))));
 }

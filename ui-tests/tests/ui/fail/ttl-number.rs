@@ -1,0 +1,6 @@
+use lease::singleton;
+
+#[singleton(name = "digest", ttl = 90)]
+async fn send_digest() {}
+
+fn main() {}

@@ -1,0 +1,7 @@
+use lease::singleton;
+
+// The token would fire as soon as the lease is acquired.
+#[singleton(name = "digest", ttl = "90s", max_hold = "0s")]
+async fn send_digest() {}
+
+fn main() {}
