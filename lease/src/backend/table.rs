@@ -381,8 +381,10 @@ impl<D: Dialect> Table<D> {
     /// Creates the table if it does not exist.
     ///
     /// Idempotent, and safe to call from many connections or processes at
-    /// once. It never touches sqlx's `_sqlx_migrations` table. The DDL is the
-    /// same as the dialect's file in `migrations/`.
+    /// once. It never touches sqlx's `_sqlx_migrations` table. The DDL is
+    /// [`schema`](Self::schema); for the default table it is the `SCHEMA` of
+    /// the backend ([`PgTable::SCHEMA`](crate::backend::PgTable::SCHEMA),
+    /// ...), the dialect's file in `migrations/`.
     ///
     /// # Examples
     ///
@@ -417,6 +419,31 @@ impl<D: Dialect> Table<D> {
     /// ```
     pub fn pool(&self) -> &sqlx::Pool<D::Database> {
         &self.pool
+    }
+
+    /// The statement that creates this backend's table:
+    /// `CREATE TABLE IF NOT EXISTS {table} (..)`, as
+    /// [`ensure_schema`](Self::ensure_schema) runs it.
+    ///
+    /// For the default table, `task_leases`, it is the backend's `SCHEMA`
+    /// constant ([`PgTable::SCHEMA`](crate::backend::PgTable::SCHEMA),
+    /// [`MySqlTable::SCHEMA`](crate::backend::MySqlTable::SCHEMA),
+    /// [`SqliteTable::SCHEMA`](crate::backend::SqliteTable::SCHEMA)) without
+    /// its closing `;` and newline; for a table named with
+    /// [`with_table`](Self::with_table), the same with that name. Run it with
+    /// your migration tool when the application's database user may not
+    /// create tables.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let table = lease::backend::PgTable::new(pool).with_table("jobs.leases")?;
+    /// assert!(table.schema().starts_with("CREATE TABLE IF NOT EXISTS jobs.leases ("));
+    /// # Ok(()) }
+    /// ```
+    pub fn schema(&self) -> &str {
+        &self.create
     }
 
     /// The table name, as given to [`with_table`](Self::with_table)
@@ -959,48 +986,22 @@ mod tests {
         );
     }
 
-    /// The DDL of `ensure_schema` is the file in `migrations/`, and
-    /// `fence_migration` the one in `migrations/from-go/`.
+    /// The public `SCHEMA` of each dialect is the DDL `ensure_schema` runs
+    /// on the default table, as a file (`;` and a newline). That it is also
+    /// the file in `migrations/` is checked by `tests/tests/migrations.rs`
+    /// (lease-tests): this crate's package holds no file outside it.
     #[test]
-    fn migrations_are_the_default_ddl() {
-        #[allow(unused_mut)]
-        let mut pairs: Vec<(Arc<str>, &str)> = Vec::new();
+    fn schema_constants_are_the_default_ddl() {
+        fn check<D: Dialect>(schema: &str) {
+            let ddl = fill(D::TEMPLATES.create, DEFAULT_TABLE, &Layout::NONE);
+            assert_eq!(schema, format!("{ddl};\n"));
+        }
         #[cfg(feature = "postgres")]
-        {
-            let t = <PgDialect as sealed::Calls>::TEMPLATES;
-            pairs.push((
-                fill(t.create, DEFAULT_TABLE, &Layout::NONE),
-                include_str!("../../../migrations/postgres/0001_task_leases.sql"),
-            ));
-            pairs.push((
-                fill(t.add_fence, DEFAULT_TABLE, &Layout::NONE),
-                include_str!("../../../migrations/from-go/postgres/0001_add_fence.sql"),
-            ));
-        }
+        check::<PgDialect>(PgTable::SCHEMA);
         #[cfg(feature = "mysql")]
-        {
-            let t = <MySqlDialect as sealed::Calls>::TEMPLATES;
-            pairs.push((
-                fill(t.create, DEFAULT_TABLE, &Layout::NONE),
-                include_str!("../../../migrations/mysql/0001_task_leases.sql"),
-            ));
-            pairs.push((
-                fill(t.add_fence, DEFAULT_TABLE, &Layout::NONE),
-                include_str!("../../../migrations/from-go/mysql/0001_add_fence.sql"),
-            ));
-        }
+        check::<MySqlDialect>(MySqlTable::SCHEMA);
         #[cfg(feature = "sqlite")]
-        pairs.push((
-            fill(
-                <SqliteDialect as sealed::Calls>::TEMPLATES.create,
-                DEFAULT_TABLE,
-                &Layout::NONE,
-            ),
-            include_str!("../../../migrations/sqlite/0001_task_leases.sql"),
-        ));
-        for (ddl, file) in pairs {
-            assert_eq!(file, format!("{ddl};\n"));
-        }
+        check::<SqliteDialect>(SqliteTable::SCHEMA);
     }
 
     /// Every placeholder of every dialect is filled by its default layout

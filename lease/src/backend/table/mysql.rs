@@ -29,13 +29,26 @@ macro_rules! acquirable {
     };
 }
 
-const TEMPLATES: Templates = Templates {
-    create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
+/// The `CREATE TABLE` of the table `$table`: with `"{table}"` the template
+/// of every table, with `"task_leases"` [`MySqlTable::SCHEMA`]. One text, so
+/// the two cannot drift apart.
+macro_rules! create_table {
+    ($table:literal) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS ",
+            $table,
+            " (\n    \
              name VARBINARY(255) NOT NULL PRIMARY KEY,\n    \
              holder VARBINARY(255) NOT NULL,\n    \
              expires_at DATETIME(6) NOT NULL,\n    \
              fence BIGINT NOT NULL\n\
-             ) ENGINE=InnoDB",
+             ) ENGINE=InnoDB"
+        )
+    };
+}
+
+const TEMPLATES: Templates = Templates {
+    create: create_table!("{table}"),
     // MySQL 8 has no ADD COLUMN IF NOT EXISTS (MariaDB has).
     add_fence: "ALTER TABLE {table} ADD COLUMN fence BIGINT NOT NULL DEFAULT 0",
     // One statement, no RETURNING: the fence comes back as the OK packet's
@@ -216,7 +229,8 @@ fn fixed_zone(session: &str, system: &str) -> bool {
 /// collation `"job"`, `"JOB"`, `"jöb"` and `"job "` could all be one lease.
 /// Create the table with [`ensure_schema`](Table::ensure_schema) (MySQL
 /// serialises concurrent `CREATE TABLE IF NOT EXISTS` with metadata locks),
-/// or with your own migration tool from `migrations/mysql/0001_task_leases.sql`.
+/// or with your own migration tool from [`MySqlTable::SCHEMA`]
+/// (`migrations/mysql/0001_task_leases.sql` in the repository).
 ///
 /// - **Clock.** Expiry is computed by the server with `UTC_TIMESTAMP(6)`, so
 ///   neither the replicas' clocks nor the session time zone matter. A lease
@@ -292,6 +306,33 @@ pub type MySqlTable = Table<MySqlDialect>;
 dialect! {
     /// The MySQL / MariaDB [`Dialect`](super::Dialect) of [`MySqlTable`].
     MySqlDialect
+}
+
+impl Table<MySqlDialect> {
+    /// The DDL of the default table, `task_leases`, as a migration file: the
+    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
+    /// runs, then `;` and a newline.
+    ///
+    /// It is the text of `migrations/mysql/0001_task_leases.sql` in the
+    /// repository (a test holds the two equal). Add it to your own migrations
+    /// (sqlx-cli, refinery, ...) when the application's database user may not
+    /// create tables. For a table named with [`with_table`](Table::with_table),
+    /// use [`schema`](Table::schema).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::MySqlTable;
+    ///
+    /// // The text of a migration file (sqlx-cli, refinery, ...):
+    /// assert!(MySqlTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
+    ///
+    /// // Or run it yourself, once, as a user that may create tables:
+    /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), sqlx::Error> {
+    /// sqlx::raw_sql(MySqlTable::SCHEMA).execute(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub const SCHEMA: &str = concat!(create_table!("task_leases"), ";\n");
 }
 
 // Sealed: the calls use the crate's own types.

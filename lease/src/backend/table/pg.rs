@@ -8,12 +8,25 @@ use super::{
 };
 use crate::Error;
 
-const TEMPLATES: Templates = Templates {
-    create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
+/// The `CREATE TABLE` of the table `$table`: with `"{table}"` the template
+/// of every table, with `"task_leases"` [`PgTable::SCHEMA`]. One text, so
+/// the two cannot drift apart.
+macro_rules! create_table {
+    ($table:literal) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS ",
+            $table,
+            " (\n    \
              name TEXT PRIMARY KEY,\n    \
              holder TEXT NOT NULL,\n    \
              expires_at TIMESTAMPTZ NOT NULL,\n    \
-             fence BIGINT NOT NULL\n)",
+             fence BIGINT NOT NULL\n)"
+        )
+    };
+}
+
+const TEMPLATES: Templates = Templates {
+    create: create_table!("{table}"),
     add_fence: "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS fence BIGINT NOT NULL DEFAULT 0",
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
@@ -128,7 +141,8 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 /// | `fence` | `BIGINT NOT NULL` | the fencing counter of the name |
 ///
 /// Create it with [`ensure_schema`](Table::ensure_schema), or with your own
-/// migration tool from `migrations/postgres/0001_task_leases.sql`.
+/// migration tool from [`PgTable::SCHEMA`]
+/// (`migrations/postgres/0001_task_leases.sql` in the repository).
 /// `ensure_schema` runs its `CREATE TABLE IF NOT EXISTS` in a short
 /// transaction that first takes a transaction-scoped advisory lock (the key
 /// pair `(1818583411, 1)`), because concurrent `CREATE TABLE IF NOT EXISTS`
@@ -195,6 +209,33 @@ pub type PgTable = Table<PgDialect>;
 dialect! {
     /// The PostgreSQL [`Dialect`](super::Dialect) of [`PgTable`].
     PgDialect
+}
+
+impl Table<PgDialect> {
+    /// The DDL of the default table, `task_leases`, as a migration file: the
+    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
+    /// runs, then `;` and a newline.
+    ///
+    /// It is the text of `migrations/postgres/0001_task_leases.sql` in the
+    /// repository (a test holds the two equal). Add it to your own migrations
+    /// (sqlx-cli, refinery, ...) when the application's database user may not
+    /// create tables. For a table named with [`with_table`](Table::with_table),
+    /// use [`schema`](Table::schema).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::PgTable;
+    ///
+    /// // The text of a migration file (sqlx-cli, refinery, ...):
+    /// assert!(PgTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
+    ///
+    /// // Or run it yourself, once, as a user that may create tables:
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+    /// sqlx::raw_sql(PgTable::SCHEMA).execute(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub const SCHEMA: &str = concat!(create_table!("task_leases"), ";\n");
 }
 
 // Sealed: the calls use the crate's own types.

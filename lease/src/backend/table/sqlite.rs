@@ -22,12 +22,25 @@ macro_rules! now_ms {
     };
 }
 
-const TEMPLATES: Templates = Templates {
-    create: "CREATE TABLE IF NOT EXISTS {table} (\n    \
+/// The `CREATE TABLE` of the table `$table`: with `"{table}"` the template
+/// of every table, with `"task_leases"` [`SqliteTable::SCHEMA`]. One text, so
+/// the two cannot drift apart.
+macro_rules! create_table {
+    ($table:literal) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS ",
+            $table,
+            " (\n    \
              name TEXT PRIMARY KEY NOT NULL,\n    \
              holder TEXT NOT NULL,\n    \
              expires_at INTEGER NOT NULL /* unix time in ms, from the host clock */,\n    \
-             fence INTEGER NOT NULL\n)",
+             fence INTEGER NOT NULL\n)"
+        )
+    };
+}
+
+const TEMPLATES: Templates = Templates {
+    create: create_table!("{table}"),
     add_fence: "ALTER TABLE {table} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
@@ -95,7 +108,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///
 /// [`open`](Table::open) creates the file and the table; with your own pool
 /// use [`new`](Table::new) and [`ensure_schema`](Table::ensure_schema), or
-/// create the table from `migrations/sqlite/0001_task_leases.sql`.
+/// create the table with your own migration tool from
+/// [`SqliteTable::SCHEMA`] (`migrations/sqlite/0001_task_leases.sql`
+/// in the repository).
 ///
 /// - **Clock.** Expiry is computed inside SQL from the host's wall clock
 ///   (`julianday('now')`), never by the caller; as all users of the file run
@@ -152,6 +167,31 @@ dialect! {
 }
 
 impl Table<SqliteDialect> {
+    /// The DDL of the default table, `task_leases`, as a migration file: the
+    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
+    /// runs, then `;` and a newline.
+    ///
+    /// It is the text of `migrations/sqlite/0001_task_leases.sql` in the
+    /// repository (a test holds the two equal). Add it to your own migrations
+    /// (sqlx-cli, refinery, ...) when the application's database user may not
+    /// create tables. For a table named with [`with_table`](Table::with_table),
+    /// use [`schema`](Table::schema).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::SqliteTable;
+    ///
+    /// // The text of a migration file (sqlx-cli, refinery, ...):
+    /// assert!(SqliteTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
+    ///
+    /// // Or run it yourself, once:
+    /// # async fn f(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
+    /// sqlx::raw_sql(SqliteTable::SCHEMA).execute(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub const SCHEMA: &str = concat!(create_table!("task_leases"), ";\n");
+
     /// Opens (creating it if missing) the database file at `path` and the
     /// table `task_leases` in it.
     ///

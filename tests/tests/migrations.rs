@@ -1,0 +1,54 @@
+//! The DDL a user of the published crate gets — `PgTable::SCHEMA`,
+//! `MySqlTable::SCHEMA`, `SqliteTable::SCHEMA`, `schema()` and
+//! `fence_migration()` — is exactly the text of the files in `migrations/`,
+//! which the README tells users to run. The files lie outside the `lease`
+//! package, so this check lives in the repository's harness, not in the
+//! crate. No server is needed: the pools are lazy and never connect.
+
+use lease::backend::{MySqlTable, PgTable, SqliteTable};
+
+const PG: &str = include_str!("../../migrations/postgres/0001_task_leases.sql");
+const MYSQL: &str = include_str!("../../migrations/mysql/0001_task_leases.sql");
+const SQLITE: &str = include_str!("../../migrations/sqlite/0001_task_leases.sql");
+const PG_FENCE: &str = include_str!("../../migrations/from-go/postgres/0001_add_fence.sql");
+const MYSQL_FENCE: &str = include_str!("../../migrations/from-go/mysql/0001_add_fence.sql");
+
+type Result<T = (), E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+
+#[test]
+fn schema_constants_are_the_migration_files() {
+    assert_eq!(PgTable::SCHEMA, PG);
+    assert_eq!(MySqlTable::SCHEMA, MYSQL);
+    assert_eq!(SqliteTable::SCHEMA, SQLITE);
+}
+
+/// The statements of a backend on the default table are the files (the
+/// files end with `;` and a newline, the statements do not); on another
+/// table, the same statements with that table's name.
+#[tokio::test]
+async fn statements_of_the_default_table_are_the_migration_files() -> Result {
+    let pg = PgTable::new(sqlx::PgPool::connect_lazy(
+        "postgres://unused@127.0.0.1:9/none",
+    )?);
+    let mysql = MySqlTable::new(sqlx::MySqlPool::connect_lazy(
+        "mysql://unused@127.0.0.1:9/none",
+    )?);
+    let sqlite = SqliteTable::new(sqlx::SqlitePool::connect_lazy("sqlite::memory:")?);
+
+    assert_eq!(format!("{};\n", pg.schema()), PG);
+    assert_eq!(format!("{};\n", mysql.schema()), MYSQL);
+    assert_eq!(format!("{};\n", sqlite.schema()), SQLITE);
+    assert_eq!(format!("{};\n", pg.fence_migration()), PG_FENCE);
+    assert_eq!(format!("{};\n", mysql.fence_migration()), MYSQL_FENCE);
+
+    let renamed = |file: &str| {
+        file.trim_end_matches(";\n")
+            .replace(" task_leases ", " jobs.leases ")
+    };
+    let pg = pg.with_table("jobs.leases")?;
+    assert_eq!(pg.schema(), renamed(PG));
+    assert_eq!(pg.fence_migration(), renamed(PG_FENCE));
+    assert_eq!(mysql.with_table("jobs.leases")?.schema(), renamed(MYSQL));
+    assert_eq!(sqlite.with_table("jobs.leases")?.schema(), renamed(SQLITE));
+    Ok(())
+}
