@@ -239,6 +239,9 @@ mod sealed {
         /// The statements, with `{table}` for the table name and the
         /// placeholders of a [`Layout`].
         const TEMPLATES: Templates;
+        /// The DDL of the default table as a migration file (see
+        /// [`Table::SCHEMA`]).
+        const SCHEMA: &'static str;
         /// Renewal batches run concurrently (one after the other if not).
         const CONCURRENT_BATCHES: bool;
 
@@ -323,6 +326,31 @@ pub(crate) struct Renewal<'a> {
 }
 
 impl<D: Dialect> Table<D> {
+    /// The DDL of the default table, `task_leases`, as a migration file: the
+    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
+    /// runs, then `;` and a newline — the text of
+    /// `migrations/{postgres,mysql,sqlite}/0001_task_leases.sql` in the
+    /// repository (a test holds them equal).
+    ///
+    /// Add it to your own migrations (sqlx-cli, refinery, ...) when the
+    /// application's database user may not create tables. For a table named
+    /// with [`with_table`](Table::with_table), use [`schema`](Table::schema).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::PgTable;
+    ///
+    /// // The text of a migration file (sqlx-cli, refinery, ...):
+    /// assert!(PgTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
+    ///
+    /// // Or run it yourself, once, as a user that may create tables:
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
+    /// sqlx::raw_sql(PgTable::SCHEMA).execute(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub const SCHEMA: &'static str = D::SCHEMA;
+
     /// A backend on the table `task_leases` of `pool`'s database.
     ///
     /// Nothing is sent to the server until the first call; create the table

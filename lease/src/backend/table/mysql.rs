@@ -308,39 +308,13 @@ dialect! {
     MySqlDialect
 }
 
-impl Table<MySqlDialect> {
-    /// The DDL of the default table, `task_leases`, as a migration file: the
-    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
-    /// runs, then `;` and a newline.
-    ///
-    /// It is the text of `migrations/mysql/0001_task_leases.sql` in the
-    /// repository (a test holds the two equal). Add it to your own migrations
-    /// (sqlx-cli, refinery, ...) when the application's database user may not
-    /// create tables. For a table named with [`with_table`](Table::with_table),
-    /// use [`schema`](Table::schema).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use lease::backend::MySqlTable;
-    ///
-    /// // The text of a migration file (sqlx-cli, refinery, ...):
-    /// assert!(MySqlTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
-    ///
-    /// // Or run it yourself, once, as a user that may create tables:
-    /// # async fn f(pool: sqlx::MySqlPool) -> Result<(), sqlx::Error> {
-    /// sqlx::raw_sql(MySqlTable::SCHEMA).execute(&pool).await?;
-    /// # Ok(()) }
-    /// ```
-    pub const SCHEMA: &str = concat!(create_table!("task_leases"), ";\n");
-}
-
 // Sealed: the calls use the crate's own types.
 #[allow(private_interfaces)]
 impl sealed::Calls for MySqlDialect {
     type Database = MySql;
     const NAME: &'static str = "MySqlTable";
     const TEMPLATES: Templates = TEMPLATES;
+    const SCHEMA: &'static str = concat!(create_table!("task_leases"), ";\n");
     const CONCURRENT_BATCHES: bool = true;
 
     fn default_layout() -> Layout {

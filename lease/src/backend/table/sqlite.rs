@@ -167,31 +167,6 @@ dialect! {
 }
 
 impl Table<SqliteDialect> {
-    /// The DDL of the default table, `task_leases`, as a migration file: the
-    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
-    /// runs, then `;` and a newline.
-    ///
-    /// It is the text of `migrations/sqlite/0001_task_leases.sql` in the
-    /// repository (a test holds the two equal). Add it to your own migrations
-    /// (sqlx-cli, refinery, ...) when the application's database user may not
-    /// create tables. For a table named with [`with_table`](Table::with_table),
-    /// use [`schema`](Table::schema).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use lease::backend::SqliteTable;
-    ///
-    /// // The text of a migration file (sqlx-cli, refinery, ...):
-    /// assert!(SqliteTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
-    ///
-    /// // Or run it yourself, once:
-    /// # async fn f(pool: sqlx::SqlitePool) -> Result<(), sqlx::Error> {
-    /// sqlx::raw_sql(SqliteTable::SCHEMA).execute(&pool).await?;
-    /// # Ok(()) }
-    /// ```
-    pub const SCHEMA: &str = concat!(create_table!("task_leases"), ";\n");
-
     /// Opens (creating it if missing) the database file at `path` and the
     /// table `task_leases` in it.
     ///
@@ -273,6 +248,7 @@ impl sealed::Calls for SqliteDialect {
     type Database = Sqlite;
     const NAME: &'static str = "SqliteTable";
     const TEMPLATES: Templates = TEMPLATES;
+    const SCHEMA: &'static str = concat!(create_table!("task_leases"), ";\n");
     const CONCURRENT_BATCHES: bool = false;
 
     fn default_layout() -> Layout {
