@@ -59,6 +59,9 @@ mod pg_advisory;
 #[cfg(feature = "postgres")]
 pub use pg_advisory::PgAdvisory;
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod push;
+
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 mod redis;

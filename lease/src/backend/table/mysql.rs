@@ -6,7 +6,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::{
-    Column, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, explain, list_size, sealed,
+    Column, Info, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, explain, list_size, sealed,
     shape, step_us,
 };
 use crate::Error;
@@ -102,6 +102,10 @@ const TEMPLATES: Templates = Templates {
     renewed_many: "SELECT name, fence FROM {table} \
                    WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     list_item: "(?, ?)",
+    // The row of a lease, and the microseconds until another holder may
+    // take it (the server's clock is constant within a statement).
+    info: "SELECT holder, CAST(fence AS SIGNED), TIMESTAMPDIFF(MICROSECOND, {cutoff}, expires_at) \
+           FROM {table} WHERE name = ?",
 };
 
 /// Which clock an `expires_at` column is written and compared with.
@@ -446,6 +450,19 @@ impl sealed::Calls for MySqlDialect {
     }
 
     release_call!(as_bytes);
+
+    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
+        let row: Option<(Vec<u8>, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
+                .bind(name.as_bytes())
+                .fetch_optional(t.pool)
+                .await?;
+        Ok(row.map(|(holder, fence, left_us)| Info {
+            holder: String::from_utf8_lossy(&holder).into_owned(),
+            fence,
+            left_us,
+        }))
+    }
 
     /// One `UPDATE` per ttl (a `Lease` usually uses few), and a `SELECT`
     /// of the live leases only when some lease was not renewed.

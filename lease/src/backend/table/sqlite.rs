@@ -7,7 +7,9 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 
-use super::{LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed};
+use super::{
+    Info, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed,
+};
 use crate::Error;
 
 /// The host's wall clock as integer Unix milliseconds, computed by SQLite.
@@ -74,6 +76,12 @@ const TEMPLATES: Templates = Templates {
     ),
     renewed_many: "",
     list_item: "(?, ?, ?)",
+    // The row of a lease, and the microseconds until it expires.
+    info: concat!(
+        "SELECT holder, fence, (expires_at - ",
+        now_ms!(),
+        ") * 1000 FROM {table} WHERE name = ?1"
+    ),
 };
 
 /// How long a statement waits for another connection's write lock before it
@@ -248,6 +256,19 @@ impl sealed::Calls for SqliteDialect {
     plain_create!();
 
     numbered_calls!();
+
+    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
+        let row: Option<(String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
+                .bind(name)
+                .fetch_optional(t.pool)
+                .await?;
+        Ok(row.map(|(holder, fence, left_us)| Info {
+            holder,
+            fence,
+            left_us,
+        }))
+    }
 
     /// `(name, ttl, fence)` triples, padded, then the holder; the rows
     /// renewed come back.
