@@ -141,6 +141,37 @@ const HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'Exclusiv
 /// Clones share their locks. Dropping the last clone closes the connection
 /// of every lock still held, which ends those locks.
 ///
+/// # Waiting
+///
+/// Releases are pushed. The unlock of a release notifies the channel
+/// `lease_advisory` with the lock's key (in decimal), in the same statement
+/// (`SELECT CASE WHEN pg_advisory_unlock($1) THEN (SELECT true FROM
+/// pg_notify('lease_advisory', $1::text)) ELSE false END`: one round trip,
+/// and nothing is sent when the lock was not held). The payload is the key,
+/// not the name: what is locked is the key, so names that share one (or a
+/// derivation set with [`with_key`](PgAdvisory::with_key)) wake each
+/// other's waiters.
+///
+/// The first waiter ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+/// an [`Election`](crate::Election)) of a backend value starts a listener:
+/// `LISTEN lease_advisory` on **one more connection of the pool** (sqlx's
+/// `PgListener`: size the pool for it), shared by every waiter of that
+/// value and its clones. It wakes the waiters of the unlocked key about
+/// one round trip after the unlock, and they try to acquire (a notification
+/// is never trusted). It is re-established after a failure (then every
+/// waiter tries once more, as unlocks in between went unseen), and ends
+/// 10 s after the last waiter is gone (the next one starts it again) or
+/// with the last clone of the backend.
+///
+/// Waiters also poll (every `ttl/10`, at most 1 s, ±20%), and that is how
+/// they learn of a lock that ended **with its session** — a crashed or
+/// killed holder, a heartbeat that failed, a runtime shut down, the last
+/// clone dropped, a program other than this crate unlocking — none of which
+/// notifies: such a lock is taken about one poll after the session ends.
+/// The same holds while the listener is down or not yet listening, behind
+/// a transaction-mode pooler, and for a listening connection that died
+/// without a word (noticed only when TCP gives up).
+///
 /// # Runtime shutdown
 ///
 /// A lock without expiry must not outlive what renews it. Each held lock is

@@ -259,6 +259,40 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// connection — and never hangs; [`Lease::with_lease`](crate::Lease::with_lease)
 /// returns `Skipped(Skip::Error(_))` (the next tick tries again).
 ///
+/// # Waiting
+///
+/// The release script announces every lock it deletes: `PUBLISH
+/// {prefix}released name` ([`release_channel`](Redis::release_channel)),
+/// in the same script (still one round trip), in both layouts. It is plain
+/// `PUBLISH`, not Redis 7's sharded `SPUBLISH`: one channel for every name
+/// reaches a subscriber on a single server and, through the cluster bus, on
+/// any node of a Redis Cluster (sharded channels would need a subscription
+/// on the shard of each name's slot). Releases are rare, so the broadcast
+/// costs little.
+///
+/// Waiters ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
+/// [`Election`](crate::Election)) learn of a release by that message only
+/// with [`with_pubsub`](Redis::with_pubsub): a `deadpool_redis` pool cannot
+/// subscribe (it hands out multiplexed connections, and keeps its
+/// connection settings to itself), so the subscription is a connection of
+/// its own, opened from the `redis::Client` given there. The first waiter
+/// of a backend value opens it; every waiter of that value and its clones
+/// shares it; the waiters of the released name are woken about one round
+/// trip after the release, and try to acquire (a message is never trusted).
+/// It is checked with `PING` every 30 s (within the backend's timeout), is
+/// opened again after a failure (a `CLIENT KILL`, a restart, a silent
+/// connection; then every waiter tries once more, as releases in between
+/// went unseen), and is closed 10 s after the last waiter is gone (the next
+/// one opens it again) or with the last clone of the backend.
+///
+/// Waiters also poll (every `ttl/10`, at most 1 s, ±20%), and that is all
+/// they do without [`with_pubsub`](Redis::with_pubsub). They learn by the
+/// poll alone of a lock that **expired** (a crashed holder: Redis publishes
+/// nothing when a key expires; taken about one poll after the expiry), of a
+/// release by a Go replica (its script does not publish), and of anything
+/// released while the subscription was down or where pub/sub does not work
+/// (a proxy that refuses `SUBSCRIBE`).
+///
 /// # What can lose a lease (read this before relying on it)
 ///
 /// A Redis lock is only as durable as the keys behind it:
@@ -315,7 +349,7 @@ pub struct Redis {
     tokens: Option<Arc<Mutex<Tokens>>>,
     /// Where the subscription to releases connects
     /// ([`with_pubsub`](Redis::with_pubsub)); without it, waiters poll.
-    pubsub: Option<::redis::Client>,
+    pubsub: Option<Arc<::redis::Client>>,
     /// The waiters' subscription, started by the first waiter and stopped
     /// with the last clone. Shared by clones.
     push: Arc<OnceLock<Push<RedisSource>>>,
@@ -456,7 +490,7 @@ impl Redis {
     /// ```
     pub fn with_pubsub(self, client: ::redis::Client) -> Self {
         Self {
-            pubsub: Some(client),
+            pubsub: Some(Arc::new(client)),
             push: Arc::default(),
             ..self
         }
@@ -480,7 +514,11 @@ impl Redis {
     /// - Its value is a random token (128 bits, hex), new for every
     ///   acquisition; a free lock is taken with `SET key token NX PX ttl`.
     /// - Renew is `PEXPIRE` iff the key still holds the token, release `DEL`
-    ///   iff it does (the Go locker's release), each one Lua script.
+    ///   iff it does (the Go locker's release), each one Lua script; the
+    ///   release also publishes the name for waiters ([Waiting](Redis#waiting)),
+    ///   which the Go locker's does not (Rust waiters poll for those).
+    /// - [`inspect`](Backend::inspect) cannot say who holds a lock (its value
+    ///   is a random token) unless it is this backend value's own.
     /// - **No fencing token**: grants carry `None`
     ///   ([`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)).
     ///
@@ -985,7 +1023,7 @@ impl Backend for Redis {
         let push = self.pubsub.as_ref().map(|client| {
             self.push.get_or_init(|| {
                 Push::new(RedisSource {
-                    client: client.clone(),
+                    client: (**client).clone(),
                     channel: self.release_channel(),
                     timeout: self.timeout,
                 })

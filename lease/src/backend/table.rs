@@ -164,13 +164,21 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 ///   statement reached the server may still take effect: an acquisition the
 ///   caller never learned of ends at its ttl, or is picked up by the same
 ///   holder's next (idempotent) acquire.
+/// - **Waiting** ([`Backend::released`]): `PgTable`'s release notifies a
+///   channel, and its waiters listen on one pooled connection (see
+///   [`PgTable`](crate::backend::PgTable)); `MySqlTable` and `SqliteTable`
+///   poll (every `ttl/10`, at most 1 s, with ±20% jitter).
+/// - **[`inspect`](Backend::inspect)** is one `SELECT` of the name's row:
+///   holder, fence, and the time until another holder may take it, by the
+///   clock the statements use; `Ok(None)` without a row.
 ///
 /// **Renewals share your pool.** Renewals and releases take a connection
 /// from the pool the backend was given, like the rest of your program. A job
 /// that holds every connection of that pool (a long transaction on each, a
 /// pool of one) keeps its own lease from being renewed, and loses the lease
 /// at its deadline. Give the pool one connection more than the job uses at
-/// once, or give the backend a small pool of its own.
+/// once, or give the backend a small pool of its own. (`PgTable`'s
+/// listener, while some waiter waits, holds one more.)
 ///
 /// **Round trips.** Each call checks a connection out of the pool, and by
 /// default sqlx tests an idle connection before handing it out

@@ -270,6 +270,18 @@ fn fixed_zone(session: &str, system: &str) -> bool {
 ///   such a statement was rolled back, and it is retried a few times with a
 ///   short random backoff before the error is returned.
 ///
+/// - **Waiting** ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+///   an [`Election`](crate::Election)): MySQL cannot push a release, so
+///   waiters poll, every `ttl/10` (at most 1 s, at least 10 ms) with ±20%
+///   jitter: a release, or a crashed holder's expiry, is seen about one
+///   poll later.
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: its holder (the last one, once released or
+///   expired), fence, and the time left by the server's clock (the clock
+///   the statements use); for a coarse column, until the lease may be
+///   taken (a step after its stored expiry). `Ok(None)` when there is no
+///   row.
+///
 /// Everything else — fencing, release, round trips, the pool — is the same
 /// for every table backend: see [`Table`].
 ///

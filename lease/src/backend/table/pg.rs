@@ -212,6 +212,41 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   that a lease written by anyone else never ends early either. A takeover
 ///   after a crash then waits up to one step longer.
 ///
+/// - **Waiting: releases are pushed.** The release statement also
+///   notifies the table's channel with the lease name, in the same
+///   statement (`WITH released AS (UPDATE .. RETURNING name) SELECT
+///   pg_notify(..)`: still one round trip; a release that matched no row
+///   notifies nobody). The channel is `lease:` and the table name as given
+///   to [`with_table`](Table::with_table), in lower case (`lease:task_leases`),
+///   or, when that is longer than PostgreSQL's 63 bytes, `lease:` and a
+///   64-bit FNV-1a hash of it in hex; so replicas must spell the table the
+///   same way (`task_leases` and `public.task_leases` are two channels).
+///
+///   The first waiter ([`Lease::acquire`](crate::Lease::acquire) with a
+///   wait, an [`Election`](crate::Election)) of a backend value starts a
+///   listener: `LISTEN` on **one connection of the backend's pool** (sqlx's
+///   `PgListener`), shared by every waiter of that value and its clones,
+///   which wakes the waiters of the released name about one round trip
+///   after the release. A waiter never trusts the notification: it tries to
+///   acquire. The listener is re-established after a failure (a killed
+///   session, a restart; then every waiter tries once more, since releases
+///   in between went unseen), and ends 10 s after the last waiter is gone
+///   (the next one starts it again) or with the last clone of the backend.
+///   Waiters also poll (every `ttl/10`, at most 1 s, ±20%), so nothing
+///   hangs on a notification that never comes: while the listener is
+///   down or not yet listening, for a lease that simply expired (a crashed
+///   holder: taken about one poll after its expiry), for a release by the
+///   Go services (which delete the row, without notifying), behind a
+///   transaction-mode pooler (where `LISTEN` does not work), and for a
+///   listening connection that died without a word (noticed only when TCP
+///   gives up).
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: its holder (the last one, once released or
+///   expired), fence, and the time left by the server's clock
+///   (`clock_timestamp()`) — for a coarse column, until the lease may be
+///   taken (a step after its stored expiry, so up to two or three steps
+///   more than the ttl). `Ok(None)` when there is no row.
+///
 /// Everything else — fencing, release, round trips, the pool — is the same
 /// for every table backend: see [`Table`].
 ///

@@ -123,6 +123,16 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   the busy timeout fails with `SQLITE_BUSY`, which is returned as
 ///   [`Error::Database`] — a transient error, never "held elsewhere".
 ///
+/// - **Waiting** ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+///   an [`Election`](crate::Election)): SQLite cannot push a release (to
+///   other processes), so waiters poll, every `ttl/10` (at most 1 s, at
+///   least 10 ms) with ±20% jitter. Within one [`Lease`](crate::Lease) a
+///   release wakes its waiters at once.
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: holder (the last one, once released or expired),
+///   fence and time left by the host's clock, in milliseconds. `Ok(None)`
+///   when there is no row.
+///
 /// Everything else — fencing, release, the pool — is the same for every
 /// table backend: see [`Table`]. With [`open`](Table::open), the leases
 /// have a pool of their own.
