@@ -576,7 +576,7 @@ impl PgAdvisory {
     /// }
     ///
     /// let advisory = PgAdvisory::new(pool).with_key(fnv1a);
-    /// assert_eq!(advisory.key("nightly-report"), fnv1a("nightly-report"));
+    /// assert_eq!(advisory.lock_key("nightly-report"), fnv1a("nightly-report"));
     /// # }
     /// ```
     pub fn with_key(self, key: fn(&str) -> i64) -> Self {
