@@ -19,7 +19,8 @@
 //!   that the reading sees every answered command.
 //! - Redis: `INFO commandstats` counts the commands the clients sent: every
 //!   command but our own `INFO` and those that the lease scripts run inside
-//!   Redis (`GET`, `SET`, `PEXPIRE`, `INCR`, `DEL`).
+//!   Redis (`GET`, `SET`, `PEXPIRE`, `INCR`, `DEL`, and the release's
+//!   `PUBLISH`).
 //! - SQLite: a throw-away file; it has no server, so nothing counts its
 //!   statements but the process (see `Counted`).
 
@@ -205,7 +206,10 @@ impl Counter {
                     };
                     // Our own `INFO`, and the commands the lease scripts
                     // run inside Redis (counted per call of the script).
-                    if matches!(cmd, "info" | "get" | "set" | "pexpire" | "incr" | "del") {
+                    if matches!(
+                        cmd,
+                        "info" | "get" | "set" | "pexpire" | "incr" | "del" | "publish"
+                    ) {
                         continue;
                     }
                     let calls = rest

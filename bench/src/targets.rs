@@ -38,16 +38,17 @@ const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at
      holder = EXCLUDED.holder, \
      expires_at = EXCLUDED.expires_at, \
      fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
-     THEN l.fence ELSE l.fence + 1 END \
+     AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END \
      WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
      RETURNING fence";
-const PG_RELEASE: &str = "UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
-     WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()";
+const PG_RELEASE: &str = "WITH released AS (UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
+     WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+     RETURNING name) SELECT pg_notify('lease:task_leases', name) FROM released";
 
 const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fence) VALUES (?, ?, \
      TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), LAST_INSERT_ID(1)) \
      ON DUPLICATE KEY UPDATE fence = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
-     LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ?, fence, fence + 1)), \
+     LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ? AND fence > 0, fence, fence + 1)), \
      fence + LAST_INSERT_ID(0)), holder = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), ?, holder), \
      expires_at = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
      TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at)";
@@ -101,10 +102,15 @@ return fence
 ";
 const REDIS_RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  local deleted = redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return deleted
 end
 return 0
 ";
+/// `PgAdvisory`'s unlock, which notifies its waiters.
+const ADVISORY_UNLOCK: &str = "SELECT CASE WHEN pg_advisory_unlock($1) \
+     THEN (SELECT true FROM pg_notify('lease_advisory', $1::text)) ELSE false END";
 
 /// Hashed once, as the backend does.
 static SCRIPTS: std::sync::LazyLock<(redis::Script, redis::Script)> =
@@ -282,6 +288,8 @@ impl Target {
                     .1
                     .key(&lock)
                     .arg(format!("{fence}:{holder}"))
+                    .arg(b.release_channel())
+                    .arg(name)
                     .invoke_async(conn)
                     .await?;
                 Ok(fence > 0)
@@ -295,7 +303,7 @@ impl Target {
                         .fetch_one(&mut *conn)
                         .await?;
                 if locked {
-                    let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                    let _: bool = sqlx::query_scalar(ADVISORY_UNLOCK)
                         .bind(key)
                         .fetch_one(&mut *conn)
                         .await?;

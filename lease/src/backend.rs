@@ -16,6 +16,13 @@
 //! | `PgAdvisory` | `postgres` | nothing: no expiry, ttl sets the heartbeat | none | the session's end, release |
 //! | `Redis` | `redis` | Redis `PX` | `INCR` of a companion key | ttl, release |
 //!
+//! A waiter ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
+//! [`Election`](crate::Election)) learns of a release by the server's push
+//! where it can ([`released`](Backend::released)): `PgTable` and
+//! `PgAdvisory` by `LISTEN/NOTIFY`, `Redis` by `PUBLISH` (given a client
+//! for the subscription); the others, and every backend for a lease that
+//! expired, by polling.
+//!
 //! [`acquire`]: Backend::acquire
 //! [`renew`]: Backend::renew
 //! [`release`]: Backend::release
@@ -58,6 +65,9 @@ pub use table::{SqliteDialect, SqliteTable};
 mod pg_advisory;
 #[cfg(feature = "postgres")]
 pub use pg_advisory::PgAdvisory;
+
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod push;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -234,11 +244,14 @@ pub struct LeaseInfo {
     /// The lease's name.
     pub name: String,
     /// Who holds it, or held it last (a record that expired or was released
-    /// keeps its last holder).
+    /// keeps its last holder). Empty when the backend cannot tell (`Redis`
+    /// after a release, or in the Go locker's protocol); `PgAdvisory` names
+    /// the holding session instead (see each backend's `inspect`).
     pub holder: String,
     /// How long it stays held, by the backend's clock; `None` when the
-    /// record exists but has expired or been released (or the backend has
-    /// no expiry to tell).
+    /// record exists but has expired or been released. [`Duration::MAX`]
+    /// when it is held and has no expiry (`PgAdvisory`: until released or
+    /// its session ends).
     pub expires_in: Option<Duration>,
     /// The fencing token of its last acquisition, if the backend has them.
     pub fencing_token: Option<u64>,

@@ -318,7 +318,8 @@ impl Campaign {
     /// Another holder has the lease: say who, if the backend can tell.
     async fn follow(&self) {
         let leader = match self.lease.inspect(&self.name).await {
-            Ok(Some(info)) if info.is_held() => Some(info.holder),
+            // An empty holder: the backend cannot name it.
+            Ok(Some(info)) if info.is_held() && !info.holder.is_empty() => Some(info.holder),
             _ => None,
         };
         self.tx

@@ -187,12 +187,14 @@ async fn the_copied_release_is_the_backends(rig: &impl Rig) {
 
 // PostgreSQL
 
-/// `PgTable`'s release statement (lease/src/backend/postgres.rs), on the
-/// default table. Keep in sync; `the_copied_release_is_the_backends`
-/// compares the effects.
-const PG_RELEASE: &str = "UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
+/// `PgTable`'s release statement (lease/src/backend/table/pg.rs), on the
+/// default table: the `UPDATE`, and the notification of its waiters.
+/// Keep in sync; `the_copied_release_is_the_backends` compares the effects.
+const PG_RELEASE: &str = "WITH released AS (UPDATE task_leases \
+                          SET expires_at = TIMESTAMPTZ 'epoch' \
                           WHERE name = $1 AND holder = $2 AND fence = $3 \
-                          AND expires_at > clock_timestamp()";
+                          AND expires_at > clock_timestamp() RETURNING name) \
+                          SELECT pg_notify('lease:task_leases', name) FROM released";
 
 struct PgRig {
     table: PgTable,

@@ -1,8 +1,9 @@
 //! [`PgAdvisory`]: PostgreSQL session advisory locks, one connection per held lock.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
@@ -10,7 +11,9 @@ use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
 use tokio::runtime::{self, Handle};
 use tokio_util::sync::CancellationToken;
 
-use crate::{Acquisition, Backend, Error, Grant, Result, validate};
+use crate::backend::push::Push;
+use crate::backend::push::pg::PgSource;
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
 /// Is the session running this query holding the exclusive advisory lock on
 /// the bigint key `$1`? PostgreSQL shows a bigint key in `pg_locks` as
@@ -21,6 +24,29 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
      AND mode = 'ExclusiveLock' AND objsubid = 1 \
      AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
      AND objid::int8 = ($1::int8 & 4294967295))";
+
+/// The channel every `PgAdvisory` notifies when it unlocks a key, with the
+/// key (in decimal) as the payload. (A `PgTable`'s channel always has a
+/// `:`, this one none: they never meet.)
+pub(crate) const CHANNEL: &str = "lease_advisory";
+
+/// Unlock the key `$1` on the session that holds it and, only if it was
+/// held, notify [`CHANNEL`] with the key, in the same statement (one round
+/// trip; PostgreSQL evaluates a `CASE` branch only when it is taken, and
+/// delivers the notification when the statement commits, after the unlock).
+const UNLOCK: &str = "SELECT CASE WHEN pg_advisory_unlock($1) \
+     THEN (SELECT true FROM pg_notify('lease_advisory', $1::text)) ELSE false END";
+
+/// The session holding the key `$1` in this database, if any (an exclusive
+/// lock first, then a shared one): its pid and `application_name` (NULL
+/// when this user may not see it).
+const HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'ExclusiveLock' \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
+     AND l.objid::int8 = ($1::int8 & 4294967295) \
+     ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1";
 
 /// Leases as PostgreSQL session-level advisory locks
 /// (`pg_try_advisory_lock`), each held on a connection of its own.
@@ -115,6 +141,37 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 /// Clones share their locks. Dropping the last clone closes the connection
 /// of every lock still held, which ends those locks.
 ///
+/// # Waiting
+///
+/// Releases are pushed. The unlock of a release notifies the channel
+/// `lease_advisory` with the lock's key (in decimal), in the same statement
+/// (`SELECT CASE WHEN pg_advisory_unlock($1) THEN (SELECT true FROM
+/// pg_notify('lease_advisory', $1::text)) ELSE false END`: one round trip,
+/// and nothing is sent when the lock was not held). The payload is the key,
+/// not the name: what is locked is the key, so names that share one (or a
+/// derivation set with [`with_key`](PgAdvisory::with_key)) wake each
+/// other's waiters.
+///
+/// The first waiter ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+/// an [`Election`](crate::Election)) of a backend value starts a listener:
+/// `LISTEN lease_advisory` on **one more connection of the pool** (sqlx's
+/// `PgListener`: size the pool for it), shared by every waiter of that
+/// value and its clones. It wakes the waiters of the unlocked key about
+/// one round trip after the unlock, and they try to acquire (a notification
+/// is never trusted). It is re-established after a failure (then every
+/// waiter tries once more, as unlocks in between went unseen), and ends
+/// 10 s after the last waiter is gone (the next one starts it again) or
+/// with the last clone of the backend.
+///
+/// Waiters also poll (every `ttl/10`, at most 1 s, ±20%), and that is how
+/// they learn of a lock that ended **with its session** — a crashed or
+/// killed holder, a heartbeat that failed, a runtime shut down, the last
+/// clone dropped, a program other than this crate unlocking — none of which
+/// notifies: such a lock is taken about one poll after the session ends.
+/// The same holds while the listener is down or not yet listening, behind
+/// a transaction-mode pooler, and for a listening connection that died
+/// without a word (noticed only when TCP gives up).
+///
 /// # Runtime shutdown
 ///
 /// A lock without expiry must not outlive what renews it. Each held lock is
@@ -177,6 +234,9 @@ pub struct PgAdvisory {
     held: Arc<Mutex<HeldLocks>>,
     /// The advisory-lock key of a lease name ([`PgAdvisory::with_key`]).
     key_of: fn(&str) -> i64,
+    /// The waiters' listener, started by the first waiter and stopped
+    /// with the last clone ([`Backend::released`]).
+    push: Arc<OnceLock<Push<PgSource>>>,
 }
 
 /// The locks held, and the keeper of each runtime that keeps one.
@@ -484,6 +544,7 @@ impl PgAdvisory {
             pool,
             held: Arc::default(),
             key_of: Self::key,
+            push: Arc::default(),
         }
     }
 
@@ -797,7 +858,7 @@ impl Backend for PgAdvisory {
             return Ok(());
         };
         // If this future is dropped now, `held` closes the connection.
-        let unlocked = sqlx::query_scalar::<_, bool>("SELECT pg_advisory_unlock($1)")
+        let unlocked = sqlx::query_scalar::<_, bool>(UNLOCK)
             .bind(slot.key)
             .fetch_one(held.conn.conn())
             .await?;
@@ -818,6 +879,58 @@ impl Backend for PgAdvisory {
             );
         }
         Ok(())
+    }
+
+    /// Who holds the lock, from `pg_locks` (one query on a pool
+    /// connection). Advisory locks keep nothing once unlocked: `Ok(None)`
+    /// when no session holds the key (released, never taken, or its session
+    /// ended). When one does:
+    ///
+    /// - `holder` is the holding *session*, not the holder identity given
+    ///   to [`Lease`](crate::Lease), which PostgreSQL never sees:
+    ///   `"{application_name} (pid {pid})"`, or `"pid {pid}"` when the
+    ///   session has no `application_name` (sqlx sets none unless told:
+    ///   `PgConnectOptions::application_name`, for example the pod's
+    ///   name, makes the leader recognisable). The same string for every
+    ///   observer; a lock taken by another program on the same key (sqlx's
+    ///   `PgAdvisoryLock`, the Go services) shows its session the same way,
+    ///   and a shared lock on the key gets ` (shared)` after it;
+    /// - `expires_in` is [`Duration::MAX`]: the lock has no expiry, it is
+    ///   held until it is unlocked or its session ends;
+    /// - `fencing_token` is `None`.
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
+        crate::validate::name(name)?;
+        let row: Option<(i32, Option<String>, bool)> = sqlx::query_as(HOLDER)
+            .bind(self.lock_key(name))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(pid, application, exclusive)| {
+            let mut holder = match application.filter(|a| !a.is_empty()) {
+                Some(application) => format!("{application} (pid {pid})"),
+                None => format!("pid {pid}"),
+            };
+            if !exclusive {
+                holder.push_str(" (shared)");
+            }
+            LeaseInfo::new(name, holder, Some(Duration::MAX), None)
+        }))
+    }
+
+    /// A notification on the channel `lease_advisory`, which this backend's
+    /// release sends with the lock's key (so names that share a key wake
+    /// each other's waiters, as they share the lock): about one round trip
+    /// after the unlock. A lock that ends with its session (a crash, a
+    /// heartbeat that failed, a runtime shut down) notifies nobody; its
+    /// waiters poll. See [`PgAdvisory`]'s "Waiting".
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.push
+            .get_or_init(|| {
+                Push::new(PgSource {
+                    pool: self.pool.clone(),
+                    channel: CHANNEL.to_owned(),
+                })
+            })
+            .released(self.lock_key(name).to_string(), poll)
     }
 }
 

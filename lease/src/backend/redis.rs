@@ -1,15 +1,18 @@
 //! [`Redis`]: `SET NX PX` locks with token-checked Lua renew and release.
 
 use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::future::Future;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use ::redis::aio::MultiplexedConnection;
+use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
 use ::redis::{RedisError, Script, ScriptInvocation};
 use deadpool_redis::Pool;
+use futures_util::StreamExt;
 use futures_util::future::join_all;
 
-use crate::{Acquisition, Backend, Error, Grant, Result, validate};
+use crate::backend::push::{Event, Push, Source};
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
 /// Acquire. KEYS: lock, fence. ARGV: holder, ttl in ms.
 /// Returns the fencing token (an integer), or 0 when another holder has the
@@ -69,13 +72,35 @@ return renewed
 /// without serving anyone else, so a huge batch is split.
 const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
 
-/// Release. KEYS: lock. ARGV: the acquisition's lock value. Returns 1 if
-/// deleted, 0 if the lock no longer holds that acquisition.
+/// Release. KEYS: lock. ARGV: the acquisition's lock value, the channel of
+/// releases, the lease name. Returns 1 if deleted, 0 if the lock no longer
+/// holds that acquisition.
+///
+/// A lock deleted is announced with `PUBLISH channel name`, in the same
+/// script: waiters subscribed to the channel (in this or any process) try
+/// to acquire at once. Plain `PUBLISH` (not Redis 7's sharded `SPUBLISH`):
+/// it reaches every subscriber of the channel, on a single server and on
+/// every node of a Redis Cluster alike.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  local deleted = redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+  return deleted
 end
 return 0
+";
+
+/// Inspect. KEYS: lock, and in the default layout the fence key. Returns
+/// the lock's value (nil if none), its `PTTL` (-2: no lock, -1: no expiry)
+/// and the fence counter (nil if none, or no fence key given).
+const INSPECT: &str = r"
+local value = redis.call('GET', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+local fence = false
+if KEYS[2] then
+  fence = redis.call('GET', KEYS[2])
+end
+return {value, ttl, fence}
 ";
 
 /// Acquire in the Go locker's protocol ([`Redis::with_go_locker_protocol`]).
@@ -111,6 +136,7 @@ struct Scripts {
     renew: Script,
     renew_many: Script,
     release: Script,
+    inspect: Script,
 }
 
 /// Built once: `Script::new` hashes the source for `EVALSHA`.
@@ -120,6 +146,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew: Script::new(RENEW),
     renew_many: Script::new(RENEW_MANY),
     release: Script::new(RELEASE),
+    inspect: Script::new(INSPECT),
 });
 
 /// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released
@@ -232,6 +259,40 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// connection — and never hangs; [`Lease::with_lease`](crate::Lease::with_lease)
 /// returns `Skipped(Skip::Error(_))` (the next tick tries again).
 ///
+/// # Waiting
+///
+/// The release script announces every lock it deletes: `PUBLISH
+/// {prefix}released name` ([`release_channel`](Redis::release_channel)),
+/// in the same script (still one round trip), in both layouts. It is plain
+/// `PUBLISH`, not Redis 7's sharded `SPUBLISH`: one channel for every name
+/// reaches a subscriber on a single server and, through the cluster bus, on
+/// any node of a Redis Cluster (sharded channels would need a subscription
+/// on the shard of each name's slot). Releases are rare, so the broadcast
+/// costs little.
+///
+/// Waiters ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
+/// [`Election`](crate::Election)) learn of a release by that message only
+/// with [`with_pubsub`](Redis::with_pubsub): a `deadpool_redis` pool cannot
+/// subscribe (it hands out multiplexed connections, and keeps its
+/// connection settings to itself), so the subscription is a connection of
+/// its own, opened from the `redis::Client` given there. The first waiter
+/// of a backend value opens it; every waiter of that value and its clones
+/// shares it; the waiters of the released name are woken about one round
+/// trip after the release, and try to acquire (a message is never trusted).
+/// It is checked with `PING` every 30 s (within the backend's timeout), is
+/// opened again after a failure (a `CLIENT KILL`, a restart, a silent
+/// connection; then every waiter tries once more, as releases in between
+/// went unseen), and is closed 10 s after the last waiter is gone (the next
+/// one opens it again) or with the last clone of the backend.
+///
+/// Waiters also poll (every `ttl/10`, at most 1 s, ±20%), and that is all
+/// they do without [`with_pubsub`](Redis::with_pubsub). They learn by the
+/// poll alone of a lock that **expired** (a crashed holder: Redis publishes
+/// nothing when a key expires; taken about one poll after the expiry), of a
+/// release by a Go replica (its script does not publish), and of anything
+/// released while the subscription was down or where pub/sub does not work
+/// (a proxy that refuses `SUBSCRIBE`).
+///
 /// # What can lose a lease (read this before relying on it)
 ///
 /// A Redis lock is only as durable as the keys behind it:
@@ -286,6 +347,12 @@ pub struct Redis {
     /// `Some` in the Go locker's protocol: the token of each live
     /// acquisition, by (name, holder). Shared by clones.
     tokens: Option<Arc<Mutex<Tokens>>>,
+    /// Where the subscription to releases connects
+    /// ([`with_pubsub`](Redis::with_pubsub)); without it, waiters poll.
+    pubsub: Option<Arc<::redis::Client>>,
+    /// The waiters' subscription, started by the first waiter and stopped
+    /// with the last clone. Shared by clones.
+    push: Arc<OnceLock<Push<RedisSource>>>,
 }
 
 /// The token of each live acquisition, by (name, holder).
@@ -367,6 +434,7 @@ impl std::fmt::Debug for Redis {
         f.debug_struct("Redis")
             .field("prefix", &self.prefix)
             .field("go_locker_protocol", &self.tokens.is_some())
+            .field("pubsub", &self.pubsub.is_some())
             .field("timeout", &self.timeout)
             .field("pool", &self.pool.status())
             .finish()
@@ -389,7 +457,51 @@ impl Redis {
             timeout: Self::DEFAULT_TIMEOUT,
             conn: Arc::default(),
             tokens: None,
+            pubsub: None,
+            push: Arc::default(),
         }
+    }
+
+    /// Learn of releases as Redis pushes them, instead of polling: waiters
+    /// ([`Lease::acquire`](crate::Lease::acquire), elections) subscribe to
+    /// the channel of releases ([`release_channel`](Redis::release_channel))
+    /// on a connection of their own, opened from `client`, which must
+    /// reach the same Redis server (or cluster) as the pool.
+    ///
+    /// A `deadpool_redis` pool hands out only multiplexed connections, on
+    /// which RESP2 cannot subscribe, and does not tell how it connects: so
+    /// the subscription needs its own [`redis::Client`](::redis::Client)
+    /// (build it from the pool's URL). Without one, waiters poll (every
+    /// `ttl/10`, at most 1 s, with jitter); see [Waiting](Redis#waiting).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::Redis;
+    /// use lease::deadpool_redis::{self, redis};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let url = "redis://127.0.0.1:6379";
+    /// let pool = deadpool_redis::Config::from_url(url)
+    ///     .create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+    /// let backend = Redis::new(pool).with_pubsub(redis::Client::open(url)?);
+    /// assert_eq!(backend.release_channel(), "lease:released");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_pubsub(self, client: ::redis::Client) -> Self {
+        Self {
+            pubsub: Some(Arc::new(client)),
+            push: Arc::default(),
+            ..self
+        }
+    }
+
+    /// The channel the release script publishes each released lease's name
+    /// on, and waiters subscribe to: `{prefix}released` (`lease:released`
+    /// by default). Channels are not keys: it shares nothing with the keys
+    /// of a lease named `released`.
+    pub fn release_channel(&self) -> String {
+        format!("{}released", self.prefix)
     }
 
     /// Speak the protocol of the Go `lock` package's `Redis` locker, so that
@@ -402,7 +514,11 @@ impl Redis {
     /// - Its value is a random token (128 bits, hex), new for every
     ///   acquisition; a free lock is taken with `SET key token NX PX ttl`.
     /// - Renew is `PEXPIRE` iff the key still holds the token, release `DEL`
-    ///   iff it does (the Go locker's release), each one Lua script.
+    ///   iff it does (the Go locker's release), each one Lua script; the
+    ///   release also publishes the name for waiters ([Waiting](Redis#waiting)),
+    ///   which the Go locker's does not (Rust waiters poll for those).
+    /// - [`inspect`](Backend::inspect) cannot say who holds a lock (its value
+    ///   is a random token) unless it is this backend value's own.
     /// - **No fencing token**: grants carry `None`
     ///   ([`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)).
     ///
@@ -459,6 +575,7 @@ impl Redis {
         }
         Ok(Self {
             prefix: prefix.into(),
+            push: Arc::default(),
             ..self
         })
     }
@@ -709,6 +826,81 @@ fn new_token() -> String {
     format!("{a:016x}{b:016x}")
 }
 
+/// How often an idle subscription is checked with `PING`: a connection
+/// that died silently (a half-open socket) is replaced within this and the
+/// backend's timeout, instead of when TCP gives up.
+const PING_EVERY: Duration = Duration::from_secs(30);
+
+/// Redis pub/sub as a [`Source`] of releases: a connection of its own,
+/// opened from the client given to [`Redis::with_pubsub`].
+struct RedisSource {
+    client: ::redis::Client,
+    channel: String,
+    timeout: Duration,
+}
+
+/// A subscribed pub/sub connection.
+struct Subscribed {
+    sink: PubSubSink,
+    stream: PubSubStream,
+    ping: tokio::time::Interval,
+    timeout: Duration,
+}
+
+impl Source for RedisSource {
+    type Subscription = Subscribed;
+    const WHAT: &'static str = "redis SUBSCRIBE";
+
+    async fn subscribe(&self) -> Result<Subscribed, Error> {
+        let subscribe = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(&self.channel).await?;
+            Ok::<_, RedisError>(pubsub)
+        };
+        let pubsub = tokio::time::timeout(self.timeout, subscribe)
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "subscribe",
+                after: self.timeout,
+            })??;
+        let (sink, stream) = pubsub.split();
+        let start = tokio::time::Instant::now() + PING_EVERY;
+        let mut ping = tokio::time::interval_at(start, PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ok(Subscribed {
+            sink,
+            stream,
+            ping,
+            timeout: self.timeout,
+        })
+    }
+
+    async fn next(s: &mut Subscribed) -> Event {
+        loop {
+            tokio::select! {
+                message = s.stream.next() => match message {
+                    Some(message) => {
+                        if let Ok(name) = message.get_payload::<String>() {
+                            return Event::Released(name);
+                        }
+                    }
+                    // The connection closed (`CLIENT KILL`, a restart, a reset).
+                    None => return Event::Lost("the connection closed".to_owned()),
+                },
+                _ = s.ping.tick() => {
+                    match tokio::time::timeout(s.timeout, s.sink.ping::<::redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Event::Lost(format!("PING failed: {e}")),
+                        Err(_) => {
+                            return Event::Lost(format!("no answer to PING within {:?}", s.timeout));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 impl Backend for Redis {
     /// One script: if the lock is free, `INCR fence` and `SET lock
     /// "{fence}:{holder}" PX ttl`; if it already holds `holder`, `PEXPIRE`
@@ -756,12 +948,96 @@ impl Backend for Redis {
             return Ok(());
         };
         let mut call = SCRIPTS.release.key(self.lock_key(lease.name));
-        call.arg(&value);
+        call.arg(&value).arg(self.release_channel()).arg(lease.name);
         self.run::<i64>("release", &[call]).await?;
         // Deleted, or no longer ours: either way this acquisition is over.
         // (After an error it is kept: a re-acquire replaces it anyway.)
         self.forget(lease.name, lease.holder, &value);
         Ok(())
+    }
+
+    /// One script (one round trip): `GET` and `PTTL` of the lock key, and in
+    /// the default layout `GET` of the fence key. The time left is Redis'
+    /// own `PTTL`.
+    ///
+    /// - **Default layout**: a live lock's value is `{fence}:{holder}`, so
+    ///   `holder`, `fencing_token` and `expires_in` are all known. A lock
+    ///   that was released or expired is deleted (by this backend or by
+    ///   Redis), and only the fence key is left: the answer then has
+    ///   `expires_in: None`, the last fencing token, and an **empty**
+    ///   `holder` (Redis keeps no trace of it). `Ok(None)` when neither key
+    ///   exists: never acquired (or the keys were lost).
+    /// - **Go locker's protocol**: the value is a random token, which says
+    ///   nothing about who took it. A live lock answers its time left, no
+    ///   fencing token, and as `holder` the holder of this backend value's
+    ///   own acquisition with that token if there is one, otherwise an
+    ///   empty string (a Go replica, another process). A lock that was
+    ///   released or expired leaves nothing: `Ok(None)`.
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
+        validate::name(name)?;
+        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
+        if self.tokens.is_none() {
+            call.key(self.fence_key(name));
+        }
+        type Answer = (Option<String>, i64, Option<String>);
+        let [(value, pttl, counter)] = &self.run::<Answer>("inspect", &[call]).await?[..] else {
+            return Err(Error::Protocol(
+                "the inspect script answered no value".to_owned(),
+            ));
+        };
+        let expires_in = match *pttl {
+            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+            // A lock without expiry (not one of ours): held until deleted.
+            -1 => Some(Duration::MAX),
+            _ => None,
+        };
+        let info = match (value, self.tokens()) {
+            (Some(token), Some(tokens)) => {
+                let holder = tokens
+                    .iter()
+                    .find(|((n, _), t)| n == name && *t == token)
+                    .map(|((_, holder), _)| holder.clone())
+                    .unwrap_or_default();
+                Some(LeaseInfo::new(name, holder, expires_in, None))
+            }
+            (None, Some(_)) => None,
+            (Some(value), None) => {
+                let (fence, holder) = match value.split_once(':') {
+                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
+                    None => (None, value.as_str()),
+                };
+                Some(LeaseInfo::new(name, holder, expires_in, fence))
+            }
+            (None, None) => counter.as_deref().map(|counter| {
+                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
+                LeaseInfo::new(name, "", None, fence)
+            }),
+        };
+        Ok(info)
+    }
+
+    /// With [`with_pubsub`](Redis::with_pubsub): the release script's
+    /// `PUBLISH`, about one round trip after the release; otherwise, and
+    /// while the subscription is down, `poll`. See [Waiting](Redis#waiting).
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        let push = self.pubsub.as_ref().map(|client| {
+            self.push.get_or_init(|| {
+                Push::new(RedisSource {
+                    client: (**client).clone(),
+                    channel: self.release_channel(),
+                    timeout: self.timeout,
+                })
+            })
+        });
+        let waiting = push.map(|push| push.released(name.to_owned(), poll));
+        let polling = waiting.is_none().then(|| tokio::time::sleep(poll));
+        async move {
+            match (waiting, polling) {
+                (Some(waiting), _) => waiting.await,
+                (None, Some(polling)) => polling.await,
+                (None, None) => {}
+            }
+        }
     }
 
     /// One script over all the keys (per 1,000), which answers for each

@@ -14,7 +14,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Acquisition, Backend, Error, Grant, validate};
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, validate};
 
 /// The acquire, renew and release calls of a dialect whose statements
 /// number their parameters (`$1` / `?1`: name, holder, ttl in ms, fence),
@@ -164,13 +164,21 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 ///   statement reached the server may still take effect: an acquisition the
 ///   caller never learned of ends at its ttl, or is picked up by the same
 ///   holder's next (idempotent) acquire.
+/// - **Waiting** ([`Backend::released`]): `PgTable`'s release notifies a
+///   channel, and its waiters listen on one pooled connection (see
+///   [`PgTable`](crate::backend::PgTable)); `MySqlTable` and `SqliteTable`
+///   poll (every `ttl/10`, at most 1 s, with ±20% jitter).
+/// - **[`inspect`](Backend::inspect)** is one `SELECT` of the name's row:
+///   holder, fence, and the time until another holder may take it, by the
+///   clock the statements use; `Ok(None)` without a row.
 ///
 /// **Renewals share your pool.** Renewals and releases take a connection
 /// from the pool the backend was given, like the rest of your program. A job
 /// that holds every connection of that pool (a long transaction on each, a
 /// pool of one) keeps its own lease from being renewed, and loses the lease
 /// at its deadline. Give the pool one connection more than the job uses at
-/// once, or give the backend a small pool of its own.
+/// once, or give the backend a small pool of its own. (`PgTable`'s
+/// listener, while some waiter waits, holds one more.)
 ///
 /// **Round trips.** Each call checks a connection out of the pool, and by
 /// default sqlx tests an idle connection before handing it out
@@ -192,7 +200,18 @@ pub struct Table<D: Dialect> {
     /// like (its column types); shared by clones, so the table is checked
     /// once per backend value.
     sql: Arc<tokio::sync::OnceCell<Statements>>,
+    /// What waiters of this backend value share ([`Backend::released`]):
+    /// PostgreSQL's listener, started by the first waiter and stopped when
+    /// the last clone is dropped; nothing for the dialects that poll.
+    push: Arc<std::sync::OnceLock<TablePush>>,
 }
+
+/// What a table backend keeps for its waiters: PostgreSQL's listener (the
+/// other dialects poll, and leave it empty).
+#[cfg(feature = "postgres")]
+type TablePush = crate::backend::push::Push<crate::backend::push::pg::PgSource>;
+#[cfg(not(feature = "postgres"))]
+type TablePush = ();
 
 impl<D: Dialect> Clone for Table<D> {
     fn clone(&self) -> Self {
@@ -202,6 +221,7 @@ impl<D: Dialect> Clone for Table<D> {
             create: self.create.clone(),
             add_fence: self.add_fence.clone(),
             sql: self.sql.clone(),
+            push: self.push.clone(),
         }
     }
 }
@@ -227,8 +247,9 @@ pub trait Dialect: sealed::Calls {}
 #[allow(unreachable_pub, private_interfaces, private_bounds)]
 mod sealed {
     use std::future::Future;
+    use std::time::Duration;
 
-    use super::{Layout, Ready, Renewal, Table, Templates};
+    use super::{Info, Layout, Ready, Renewal, Table, Templates};
     use crate::Error;
 
     pub trait Calls: Sized + Send + Sync + 'static {
@@ -300,6 +321,26 @@ mod sealed {
             let _ = e;
             false
         }
+        /// The `info` statement: the row of `name`, if there is one.
+        fn info(
+            t: Ready<'_, Self>,
+            name: &str,
+        ) -> impl Future<Output = Result<Option<Info>, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// [`Backend::released`](crate::Backend::released): polls, unless
+        /// the dialect's server pushes releases.
+        fn released(
+            t: &Table<Self>,
+            name: &str,
+            poll: Duration,
+        ) -> impl Future<Output = ()> + Send + 'static
+        where
+            Self: super::Dialect,
+        {
+            let _ = (t, name);
+            tokio::time::sleep(poll)
+        }
     }
 }
 
@@ -323,6 +364,29 @@ pub(crate) struct Renewal<'a> {
     pub(crate) name: &'a str,
     pub(crate) ttl_ms: i64,
     pub(crate) fence: Option<i64>,
+}
+
+/// The row of a lease as the `info` statement reads it: the holder, the
+/// fence, and the microseconds until another holder may take it, by the
+/// server's clock (zero or less: expired or released).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Info {
+    pub(crate) holder: String,
+    pub(crate) fence: i64,
+    pub(crate) left_us: Option<i64>,
+}
+
+impl Info {
+    fn into_lease_info(self, name: &str) -> LeaseInfo {
+        let expires_in = self
+            .left_us
+            .and_then(|us| u64::try_from(us).ok())
+            .filter(|&us| us > 0)
+            .map(Duration::from_micros);
+        // 0: a row the Go services inserted, which has no fence yet.
+        let fence = u64::try_from(self.fence).ok().filter(|&f| f > 0);
+        LeaseInfo::new(name, self.holder, expires_in, fence)
+    }
 }
 
 impl<D: Dialect> Table<D> {
@@ -379,6 +443,7 @@ impl<D: Dialect> Table<D> {
             create: fill(D::TEMPLATES.create, table, &Layout::NONE),
             add_fence: fill(D::TEMPLATES.add_fence, table, &Layout::NONE),
             sql: Arc::default(),
+            push: Arc::default(),
         })
     }
 
@@ -606,6 +671,26 @@ impl<D: Dialect> Backend for Table<D> {
             .await
     }
 
+    /// One `SELECT` of the lease's row: its holder (the last one, if it has
+    /// expired or was released), fence, and the time until another holder
+    /// may take it, by the server's clock — for a coarse `expires_at`
+    /// column that is up to a step after its stored expiry (see each
+    /// dialect). `Ok(None)` when the table has no row for `name` (never
+    /// acquired here, or deleted by the Go services' release).
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>> {
+        validate::name(name)?;
+        let t = self.ready().await?;
+        let row = self.run(|| D::info(t, name)).await?;
+        Ok(row.map(|info| info.into_lease_info(name)))
+    }
+
+    /// PostgreSQL: a notification on the table's channel, about one round
+    /// trip after the release (see [`PgTable`](crate::backend::PgTable));
+    /// MySQL and SQLite: `poll`.
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        D::released(self, name, poll)
+    }
+
     /// One statement per holder and 1,000 leases (MySQL: per holder, ttl
     /// and 1,000 leases, and a `SELECT` when some lease was not renewed).
     async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>> {
@@ -699,6 +784,9 @@ pub(crate) struct Templates {
     /// The bind parameters of one lease in `{list}`, or empty when the
     /// statement takes arrays.
     pub(crate) list_item: &'static str,
+    /// The row of one lease ([`Info`]): holder, fence, and microseconds
+    /// left by the server's clock; the name bound as the only parameter.
+    pub(crate) info: &'static str,
 }
 
 /// What the statements of a table look like beyond its name: the SQL put in
@@ -741,6 +829,7 @@ pub(crate) struct Statements {
     pub(crate) acquire: Arc<str>,
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
+    pub(crate) info: Arc<str>,
     /// One per length in [`LIST_SIZES`], or a single statement.
     pub(crate) renew_many: Arc<[Arc<str>]>,
     /// Like `renew_many` (MySQL only, else empty).
@@ -776,6 +865,7 @@ impl Statements {
             acquire: fill(templates.acquire),
             renew: fill(templates.renew),
             release: fill(templates.release),
+            info: fill(templates.info),
             renew_many: lists(templates.renew_many),
             renewed_many: lists(templates.renewed_many),
         }
@@ -965,6 +1055,7 @@ mod tests {
         renew_many: "MANY {table} IN ({list})",
         renewed_many: "",
         list_item: "(?, ?)",
+        info: "INFO {table} {now}",
     };
 
     fn layout() -> Layout {
@@ -1038,7 +1129,7 @@ mod tests {
     fn default_layouts_fill_every_placeholder() {
         fn check<D: Dialect>() {
             let s = Statements::new(&D::TEMPLATES, DEFAULT_TABLE, &D::default_layout());
-            for sql in [&s.acquire, &s.renew, &s.release]
+            for sql in [&s.acquire, &s.renew, &s.release, &s.info]
                 .into_iter()
                 .chain(s.renew_many.iter())
                 .chain(s.renewed_many.iter())

@@ -6,7 +6,7 @@ use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql};
 
 use super::{
-    Column, LIST_SIZES, Layout, Ready, Renewal, Shape, Table, Templates, explain, list_size,
+    Column, Info, LIST_SIZES, Layout, Ready, Renewal, Shape, Table, Templates, explain, list_size,
     sealed, shape, step_us,
 };
 use crate::Error;
@@ -115,6 +115,10 @@ const TEMPLATES: Templates = Templates {
     renewed_many: "SELECT name, fence FROM {table} \
                    WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     list_item: "(?, ?)",
+    // The row of a lease, and the microseconds until another holder may
+    // take it (the server's clock is constant within a statement).
+    info: "SELECT holder, CAST(fence AS SIGNED), TIMESTAMPDIFF(MICROSECOND, {cutoff}, expires_at) \
+           FROM {table} WHERE name = ?",
 };
 
 /// Which clock an `expires_at` column is written and compared with.
@@ -280,6 +284,18 @@ fn fixed_zone(session: &str, system: &str) -> bool {
 ///   such a statement was rolled back, and it is retried a few times with a
 ///   short random backoff before the error is returned.
 ///
+/// - **Waiting** ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+///   an [`Election`](crate::Election)): MySQL cannot push a release, so
+///   waiters poll, every `ttl/10` (at most 1 s, at least 10 ms) with ±20%
+///   jitter: a release, or a crashed holder's expiry, is seen about one
+///   poll later.
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: its holder (the last one, once released or
+///   expired), fence, and the time left by the server's clock (the clock
+///   the statements use); for a coarse column, until the lease may be
+///   taken (a step after its stored expiry). `Ok(None)` when there is no
+///   row.
+///
 /// Everything else — fencing, release, round trips, the pool — is the same
 /// for every table backend: see [`Table`].
 ///
@@ -413,6 +429,19 @@ impl sealed::Calls for MySqlDialect {
     }
 
     release_call!(as_bytes);
+
+    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
+        let row: Option<(Vec<u8>, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
+                .bind(name.as_bytes())
+                .fetch_optional(t.pool)
+                .await?;
+        Ok(row.map(|(holder, fence, left_us)| Info {
+            holder: String::from_utf8_lossy(&holder).into_owned(),
+            fence,
+            left_us,
+        }))
+    }
 
     /// One `UPDATE` per ttl (a `Lease` usually uses few), and a `SELECT`
     /// of the live leases only when some lease was not renewed.

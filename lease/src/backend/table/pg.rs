@@ -1,12 +1,17 @@
 //! The PostgreSQL dialect of the table backend: [`PgTable`].
 
+use std::future::Future;
+use std::time::Duration;
+
 use sqlx::{AssertSqlSafe, Postgres};
 
 use super::{
-    Column, Layout, Ready, Renewal, Shape, Table, Templates, explain, renewed_of, sealed, shape,
-    step_us,
+    Column, DEFAULT_TABLE, Info, Layout, Ready, Renewal, Shape, Table, Templates, explain,
+    renewed_of, sealed, shape, step_us,
 };
 use crate::Error;
+use crate::backend::push::Push;
+use crate::backend::push::pg::{MAX_CHANNEL_LEN, PgSource};
 
 /// The `CREATE TABLE` of the table `$table`: with `"{table}"` the template
 /// of every table, with `"task_leases"` [`PgTable::SCHEMA`]. One text, so
@@ -62,8 +67,15 @@ const TEMPLATES: Templates = Templates {
     // for every statement, whatever instant that statement takes as its
     // "now" (MySQL's is the statement's start, which may precede the
     // release when the statement waited for the release's row lock).
-    release: "UPDATE {table} SET expires_at = TIMESTAMPTZ 'epoch' \
-              WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > {cutoff}",
+    //
+    // In the same statement (one round trip), a row released notifies the
+    // table's channel (`{channel}`, see `channel`) with the lease name, for
+    // the waiters of every process: PostgreSQL delivers it when the
+    // statement commits. A release that matched no row notifies nobody.
+    release: "WITH released AS (UPDATE {table} SET expires_at = TIMESTAMPTZ 'epoch' \
+              WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > {cutoff} \
+              RETURNING name) \
+              SELECT pg_notify({channel}, name) FROM released",
     // Many renewals in one statement: the names, ttls and fences as three
     // arrays; the (name, fence) of the rows renewed come back.
     renew_many: "UPDATE {table} AS l \
@@ -74,7 +86,31 @@ const TEMPLATES: Templates = Templates {
                  RETURNING l.name, l.fence",
     renewed_many: "",
     list_item: "",
+    // The row of a lease, and the microseconds until another holder may
+    // take it (`{cutoff}`, read once: `clock_timestamp()` changes within a
+    // statement).
+    info: "SELECT holder::text, fence::int8, \
+           (extract(epoch FROM expires_at - t_now) * 1000000)::int8 \
+           FROM (SELECT holder, fence, expires_at, {cutoff} AS t_now FROM {table} \
+           WHERE name = $1 OFFSET 0) AS l",
 };
+
+/// The channel a [`PgTable`] notifies when it releases a lease, and its
+/// waiters listen on: `lease:` and the table name as given to
+/// [`with_table`](Table::with_table), in lower case (as PostgreSQL folds
+/// it); for a name too long for a channel (63 bytes in all), `lease:` and
+/// a 64-bit FNV-1a hash of it, in hex.
+pub(crate) fn channel(table: &str) -> String {
+    let table = table.to_ascii_lowercase();
+    let channel = format!("lease:{table}");
+    if channel.len() <= MAX_CHANNEL_LEN {
+        return channel;
+    }
+    let hash = table.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("lease:{hash:016x}")
+}
 
 /// The statements' placeholders for an `expires_at` column whose values are
 /// `step` microseconds apart (`timestamptz(p)` keeps `p` fractional digits,
@@ -88,11 +124,17 @@ const TEMPLATES: Templates = Templates {
 /// after its stored expiry (`{cutoff}`: a lease written by someone else at
 /// that precision never ends early either). For microseconds both are
 /// nothing, and the statements are exactly the plain ones.
-fn layout(step: u32) -> Layout {
+///
+/// `{channel}` is the notification channel of `table` ([`channel`]), as a
+/// string literal: the table name was validated (letters, digits, `_` and
+/// one `.`), so it holds no quote.
+fn layout(step: u32, table: &str) -> Layout {
+    let channel = ("{channel}", format!("'{}'", channel(table)));
     if step <= 1 {
         return Layout(vec![
             ("{pad}", String::new()),
             ("{cutoff}", "clock_timestamp()".to_owned()),
+            channel,
         ]);
     }
     Layout(vec![
@@ -101,6 +143,7 @@ fn layout(step: u32) -> Layout {
             "{cutoff}",
             format!("(clock_timestamp() - interval '{step} microseconds')"),
         ),
+        channel,
     ])
 }
 
@@ -183,6 +226,41 @@ const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 ///   that a lease written by anyone else never ends early either. A takeover
 ///   after a crash then waits up to one step longer.
 ///
+/// - **Waiting: releases are pushed.** The release statement also
+///   notifies the table's channel with the lease name, in the same
+///   statement (`WITH released AS (UPDATE .. RETURNING name) SELECT
+///   pg_notify(..)`: still one round trip; a release that matched no row
+///   notifies nobody). The channel is `lease:` and the table name as given
+///   to [`with_table`](Table::with_table), in lower case (`lease:task_leases`),
+///   or, when that is longer than PostgreSQL's 63 bytes, `lease:` and a
+///   64-bit FNV-1a hash of it in hex; so replicas must spell the table the
+///   same way (`task_leases` and `public.task_leases` are two channels).
+///
+///   The first waiter ([`Lease::acquire`](crate::Lease::acquire) with a
+///   wait, an [`Election`](crate::Election)) of a backend value starts a
+///   listener: `LISTEN` on **one connection of the backend's pool** (sqlx's
+///   `PgListener`), shared by every waiter of that value and its clones,
+///   which wakes the waiters of the released name about one round trip
+///   after the release. A waiter never trusts the notification: it tries to
+///   acquire. The listener is re-established after a failure (a killed
+///   session, a restart; then every waiter tries once more, since releases
+///   in between went unseen), and ends 10 s after the last waiter is gone
+///   (the next one starts it again) or with the last clone of the backend.
+///   Waiters also poll (every `ttl/10`, at most 1 s, ±20%), so nothing
+///   hangs on a notification that never comes: while the listener is
+///   down or not yet listening, for a lease that simply expired (a crashed
+///   holder: taken about one poll after its expiry), for a release by the
+///   Go services (which delete the row, without notifying), behind a
+///   transaction-mode pooler (where `LISTEN` does not work), and for a
+///   listening connection that died without a word (noticed only when TCP
+///   gives up).
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: its holder (the last one, once released or
+///   expired), fence, and the time left by the server's clock
+///   (`clock_timestamp()`) — for a coarse column, until the lease may be
+///   taken (a step after its stored expiry, so up to two or three steps
+///   more than the ttl). `Ok(None)` when there is no row.
+///
 /// Everything else — fencing, release, round trips, the pool — is the same
 /// for every table backend: see [`Table`].
 ///
@@ -221,7 +299,7 @@ impl sealed::Calls for PgDialect {
     const CONCURRENT_BATCHES: bool = true;
 
     fn default_layout() -> Layout {
-        layout(1)
+        layout(1, DEFAULT_TABLE)
     }
 
     /// One query of the catalog; see [`PgTable`] for the rules.
@@ -260,7 +338,7 @@ impl sealed::Calls for PgDialect {
             &create,
         )?;
         check_expires_at(table, &shape)?;
-        Ok(layout(step_us(shape.expires_at.precision)))
+        Ok(layout(step_us(shape.expires_at.precision), table))
     }
 
     async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
@@ -277,6 +355,35 @@ impl sealed::Calls for PgDialect {
     }
 
     numbered_calls!();
+
+    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
+        let row: Option<(String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
+                .bind(name)
+                .fetch_optional(t.pool)
+                .await?;
+        Ok(row.map(|(holder, fence, left_us)| Info {
+            holder,
+            fence,
+            left_us,
+        }))
+    }
+
+    /// A notification on the table's channel ([`PgTable`]'s push), or `poll`.
+    fn released(
+        t: &Table<Self>,
+        name: &str,
+        poll: Duration,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        t.push
+            .get_or_init(|| {
+                Push::new(PgSource {
+                    pool: t.pool.clone(),
+                    channel: channel(&t.table),
+                })
+            })
+            .released(name.to_owned(), poll)
+    }
 
     /// The names, ttls and fences as three arrays; the rows renewed come back.
     async fn renew_batch(
@@ -346,7 +453,7 @@ mod tests {
     /// release are the plain statements: the layout adds nothing.
     #[test]
     fn the_default_layout_adds_nothing() {
-        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1));
+        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1, "task_leases"));
         assert_eq!(
             &*s.renew,
             "UPDATE task_leases SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
@@ -354,22 +461,46 @@ mod tests {
         );
         assert_eq!(
             &*s.release,
-            "UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
-             WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp()"
+            "WITH released AS (UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
+             WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+             RETURNING name) SELECT pg_notify('lease:task_leases', name) FROM released"
         );
-        assert_eq!(<PgDialect as sealed::Calls>::default_layout(), layout(1));
+        assert_eq!(
+            <PgDialect as sealed::Calls>::default_layout(),
+            layout(1, "task_leases")
+        );
     }
 
     /// A `timestamptz(0)` column: expiries padded by a step less a
     /// microsecond, leases live until a step after.
     #[test]
     fn a_coarse_column_pads_and_waits_a_step() {
-        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1_000_000));
+        let s = Statements::new(&TEMPLATES, "task_leases", &layout(1_000_000, "task_leases"));
         assert_eq!(
             &*s.renew,
             "UPDATE task_leases SET expires_at = clock_timestamp() + $3 * interval '1 millisecond' \
              + interval '999999 microseconds' WHERE name = $1 AND holder = $2 AND fence = $4 \
              AND expires_at > (clock_timestamp() - interval '1000000 microseconds')"
+        );
+    }
+
+    #[test]
+    fn channels_follow_the_table_and_fit() {
+        assert_eq!(channel("task_leases"), "lease:task_leases");
+        assert_eq!(channel("Jobs.Leases"), "lease:jobs.leases");
+        let long = format!("{}.{}", "s".repeat(63), "t".repeat(63));
+        let hashed = channel(&long);
+        assert_eq!(hashed.len(), "lease:".len() + 16);
+        assert_eq!(hashed, channel(&long.to_uppercase()));
+        assert_ne!(hashed, channel(&format!("{long}x")));
+        assert!(channel(&"t".repeat(57)).len() <= MAX_CHANNEL_LEN);
+        assert_eq!(
+            channel(&"t".repeat(57)),
+            format!("lease:{}", "t".repeat(57))
+        );
+        assert!(
+            channel(&"t".repeat(58)).starts_with("lease:")
+                && !channel(&"t".repeat(58)).contains('t')
         );
     }
 }

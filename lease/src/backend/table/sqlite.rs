@@ -7,7 +7,9 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 
-use super::{LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed};
+use super::{
+    Info, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed,
+};
 use crate::Error;
 
 /// The host's wall clock as integer Unix milliseconds, computed by SQLite.
@@ -87,6 +89,12 @@ const TEMPLATES: Templates = Templates {
     ),
     renewed_many: "",
     list_item: "(?, ?, ?)",
+    // The row of a lease, and the microseconds until it expires.
+    info: concat!(
+        "SELECT holder, fence, (expires_at - ",
+        now_ms!(),
+        ") * 1000 FROM {table} WHERE name = ?1"
+    ),
 };
 
 /// How long a statement waits for another connection's write lock before it
@@ -129,6 +137,16 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   writer in at a time; a statement that cannot get the write lock within
 ///   the busy timeout fails with `SQLITE_BUSY`, which is returned as
 ///   [`Error::Database`] — a transient error, never "held elsewhere".
+///
+/// - **Waiting** ([`Lease::acquire`](crate::Lease::acquire) with a wait,
+///   an [`Election`](crate::Election)): SQLite cannot push a release (to
+///   other processes), so waiters poll, every `ttl/10` (at most 1 s, at
+///   least 10 ms) with ±20% jitter. Within one [`Lease`](crate::Lease) a
+///   release wakes its waiters at once.
+/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
+///   `SELECT` of the row: holder (the last one, once released or expired),
+///   fence and time left by the host's clock, in milliseconds. `Ok(None)`
+///   when there is no row.
 ///
 /// Everything else — fencing, release, the pool — is the same for every
 /// table backend: see [`Table`]. With [`open`](Table::open), the leases
@@ -264,6 +282,19 @@ impl sealed::Calls for SqliteDialect {
     plain_create!();
 
     numbered_calls!();
+
+    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
+        let row: Option<(String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
+                .bind(name)
+                .fetch_optional(t.pool)
+                .await?;
+        Ok(row.map(|(holder, fence, left_us)| Info {
+            holder,
+            fence,
+            left_us,
+        }))
+    }
 
     /// `(name, ttl, fence)` triples, padded, then the holder; the rows
     /// renewed come back.
