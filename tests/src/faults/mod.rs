@@ -677,6 +677,8 @@ struct Seen {
     last_release: Option<(i64, i64, bool)>,
     /// Said `RELEASING` (after `end-gated`) and waits for `go`.
     releasing: bool,
+    /// The current section is over (`ENDED`), its release not yet done.
+    section_over: bool,
     /// Said `YIELDED` since the last `yield`.
     yielded: bool,
     exited: bool,
@@ -865,6 +867,7 @@ impl<'a> Scenario<'a> {
                         number();
                         seen.fence = number().unwrap_or(0);
                         seen.holding_since = Some(Instant::now());
+                        seen.section_over = false;
                         seen.acquisitions += 1;
                     }
                     Some("REL") => {
@@ -879,6 +882,7 @@ impl<'a> Scenario<'a> {
                     Some("IDLE") => seen.hold_reply = Some(false),
                     Some("WAKE") => seen.wakes += 1,
                     Some("RELEASING") => seen.releasing = true,
+                    Some("ENDED") => seen.section_over = true,
                     Some("YIELDED") => seen.yielded = true,
                     _ => {}
                 }
@@ -897,10 +901,15 @@ impl<'a> Scenario<'a> {
     async fn wait_holder(&self) -> Result<usize, String> {
         let limit = Instant::now() + self.config.ttl * 15;
         while Instant::now() < limit {
+            // Not one whose section is over and whose release is under way:
+            // it still counts as holding until the release is done, but it
+            // would answer every `hold` with IDLE.
             if let Some(slot) = self.workers.iter().position(|w| {
-                w.seen()
-                    .holding_since
-                    .is_some_and(|t| t.elapsed() >= Duration::from_millis(30))
+                let seen = w.seen();
+                !seen.section_over
+                    && seen
+                        .holding_since
+                        .is_some_and(|t| t.elapsed() >= Duration::from_millis(30))
             }) {
                 return Ok(slot);
             }
@@ -926,6 +935,8 @@ impl<'a> Scenario<'a> {
                     None => tokio::time::sleep(Duration::from_millis(2)).await,
                 }
             }
+            // Its section was ending: give the next one a moment to start.
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Err("no holder could be held".to_owned())
     }

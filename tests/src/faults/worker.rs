@@ -13,6 +13,7 @@
 //! - `REL <sent> <done> ok|err`: the section ended and the release was sent
 //!   at `sent`, returned at `done`, confirmed or not;
 //! - `HOLDING <t>` / `IDLE`: answer to `hold <ms>`;
+//! - `ENDED`: the current section is over (its release follows: `REL`);
 //! - `WAKE <valid> <cancelled_now> <cancel_us> <write>`: it noticed that it
 //!   had been paused (a gap longer than the ttl between two steps);
 //! - `RELEASING`: after `end-gated`, its section is over and recorded, and it
@@ -537,6 +538,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
         // From here on a `hold` finds this worker idle: its section is ending.
         control.in_section.store(false, Ordering::SeqCst);
+        say("ENDED");
         end.t_end = monotonic_us();
         end.valid_end = validity.valid();
         if end.valid_end {
