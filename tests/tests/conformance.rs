@@ -95,10 +95,19 @@ trait TableBackend: Backend + Clone + std::fmt::Debug {
     fn ensure_schema(&self) -> impl Future<Output = Result<(), Error>> + Send;
     /// Drops this backend's table (to clean up tables made by a test).
     fn drop_table(&self) -> impl Future<Output = ()> + Send;
+    /// The clock the backend's statements read (the database server's; the
+    /// host's for SQLite), now, in microseconds since the Unix epoch — read
+    /// the way the statements read it.
+    fn server_now_us(&self) -> impl Future<Output = i64> + Send;
+    /// `expires_at` of `name`'s row, in microseconds since the Unix epoch.
+    fn expires_at_us(&self, name: &str) -> impl Future<Output = i64> + Send;
 }
 
+/// `table_backend!(type, now, expires_at)`: `now` reads the backend's
+/// clock, `expires_at` a row's expiry (binding the name), both in
+/// microseconds since the Unix epoch.
 macro_rules! table_backend {
-    ($($t:ty),*) => {$(
+    ($($t:ty, $now:expr, $expires_at:expr;)*) => {$(
         impl TableBackend for $t {
             fn with_table(self, table: &str) -> Result<Self, Error> {
                 <$t>::with_table(self, table)
@@ -117,10 +126,44 @@ macro_rules! table_backend {
                     sqlx::query(AssertSqlSafe(sql)).execute(&pool).await.expect("drop table");
                 }
             }
+            fn server_now_us(&self) -> impl Future<Output = i64> + Send {
+                let pool = self.pool().clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>($now)
+                        .fetch_one(&pool)
+                        .await
+                        .expect("read the server's clock")
+                }
+            }
+            fn expires_at_us(&self, name: &str) -> impl Future<Output = i64> + Send {
+                // Test code: the name was validated by `with_table`.
+                let sql = format!($expires_at, table = self.table());
+                let (pool, name) = (self.pool().clone(), name.to_owned());
+                async move {
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                        .bind(name)
+                        .fetch_one(&pool)
+                        .await
+                        .expect("read expires_at")
+                }
+            }
         }
     )*};
 }
-table_backend!(PgTable, MySqlTable, SqliteTable);
+table_backend!(
+    PgTable,
+    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8",
+    "SELECT (EXTRACT(EPOCH FROM expires_at) * 1000000)::int8 FROM {table} WHERE name = $1";
+    // A `DATETIME(6)` column in UTC (`ensure_schema`), written with `UTC_TIMESTAMP(6)`.
+    MySqlTable,
+    "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+    "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at) \
+     FROM {table} WHERE name = ?";
+    // Milliseconds of the host's clock, read by SQLite as the statements do.
+    SqliteTable,
+    "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000",
+    "SELECT expires_at * 1000 FROM {table} WHERE name = ?1";
+);
 
 /// The acquisition `grant` was for.
 fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
@@ -1117,6 +1160,91 @@ where
     assert!(renew(&b, &name, "a", Some(1), ms(10)).await);
 }
 
+/// The rule the engine's deadline rests on (`t_send + ttl - margin`, see
+/// `docs/ARCHITECTURE.md`): every statement that sets an expiry — a new
+/// name, a re-acquire by the holder, a renewal, a batch of renewals, a
+/// takeover — sets it to at least the server's time before the request plus
+/// the ttl, to the microsecond (the margin is no excuse: it is there for
+/// clock rates), and to at most the server's time after the request plus
+/// the ttl.
+async fn expiry_is_the_server_time_of_the_request_plus_the_ttl<S: Subject>(s: &S)
+where
+    S::B: TableBackend,
+{
+    let b = s.backend();
+    let (name, other) = (unique("expiry"), unique("expiry-other"));
+    let secs = Duration::from_secs;
+    let holder_b = "holder-b";
+
+    let grant =
+        within_ttl_of_the_request(&b, "acquire of a new name", &[(&name, secs(60))], async {
+            acquired(&b, &name, "holder-a", secs(60)).await
+        })
+        .await;
+    let again = within_ttl_of_the_request(
+        &b,
+        "re-acquire by the holder",
+        &[(&name, secs(61))],
+        async { acquired(&b, &name, "holder-a", secs(61)).await },
+    )
+    .await;
+    assert_eq!(grant, again);
+    within_ttl_of_the_request(&b, "renew", &[(&name, secs(62))], async {
+        assert!(renew(&b, &name, "holder-a", grant, secs(62)).await);
+    })
+    .await;
+    let other_fence = acquired(&b, &other, "holder-a", secs(60)).await;
+    let batch = [
+        (Acquisition::new(&name, "holder-a", grant), secs(63)),
+        (Acquisition::new(&other, "holder-a", other_fence), secs(64)),
+    ];
+    within_ttl_of_the_request(
+        &b,
+        "renew_many",
+        &[(&name, secs(63)), (&other, secs(64))],
+        async { assert_eq!(b.renew_many(&batch).await.unwrap(), [true, true]) },
+    )
+    .await;
+    release(&b, &name, "holder-a", grant).await;
+    let taken = within_ttl_of_the_request(
+        &b,
+        "acquire of a released name",
+        &[(&name, secs(65))],
+        async { acquired(&b, &name, holder_b, secs(65)).await },
+    )
+    .await;
+    assert_eq!(taken, Some(2));
+}
+
+/// Run `request` between two readings of the backend's clock; then each
+/// `(name, ttl)` must expire between the first reading + ttl and the second
+/// + ttl.
+async fn within_ttl_of_the_request<B: TableBackend, T>(
+    b: &B,
+    what: &str,
+    expiries: &[(&str, Duration)],
+    request: impl Future<Output = T>,
+) -> T {
+    let before = b.server_now_us().await;
+    let value = request.await;
+    let after = b.server_now_us().await;
+    for &(name, ttl) in expiries {
+        let expires_at = b.expires_at_us(name).await;
+        let ttl = i64::try_from(ttl.as_micros()).unwrap();
+        assert!(
+            expires_at >= before + ttl,
+            "{what}: {name} expires {} µs before the server's time before the request + {ttl} µs",
+            before + ttl - expires_at
+        );
+        assert!(
+            expires_at <= after + ttl,
+            "{what}: {name} expires {} µs after the server's time after the request + {ttl} µs",
+            expires_at - after - ttl
+        );
+    }
+    value
+}
+
 async fn ensure_schema_twice_and_concurrently<S: Subject>(s: &S)
 where
     S::B: TableBackend,
@@ -1452,6 +1580,7 @@ macro_rules! conformance {
         conformance!(@tests $subject, [
             table_names_are_validated,
             backend_calls_reject_invalid_input,
+            expiry_is_the_server_time_of_the_request_plus_the_ttl,
             ensure_schema_twice_and_concurrently,
         ]);
     };
