@@ -1012,6 +1012,169 @@ async fn redis_prefix_is_used() {
     assert_eq!(holder, None, "release deletes the lock key");
 }
 
+/// A Redis Cluster refuses a script over keys of several hash slots with
+/// `CROSSSLOT`; `renew_many` then renews one script per key. On a real
+/// cluster (a private one-node cluster serving every slot): each lease of a
+/// mixed batch learns its own fate, only the live ones are extended, and
+/// the server's statistics show the fallback — the batch script refused
+/// once, then one script per lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_renew_many_on_a_cluster_falls_back_to_one_script_per_key() {
+    use lease::{Acquisition, Backend};
+    use lease_tests::servers::PrivateServer;
+
+    let server = match PrivateServer::redis_cluster().await {
+        Ok(server) => server,
+        Err(e) if !lease_tests::services_required() => {
+            println!("skipped: cannot start a Redis cluster node: {e}");
+            return;
+        }
+        Err(e) => panic!("cannot start a Redis cluster node: {e}"),
+    };
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let backend = Redis::new(pool.clone());
+    let mut conn = pool.get().await.expect("connection");
+    let (holder, thief) = ("pod-a", "pod-b");
+    let name = |what: &str| unique(&format!("crossslot-{what}"));
+    let (live, live_too, stolen, expired, released, never) = (
+        name("live"),
+        name("live-too"),
+        name("stolen"),
+        name("expired"),
+        name("released"),
+        name("never"),
+    );
+    let acquire = |name: &str, who: &str, ttl: Duration| {
+        let (backend, name, who) = (backend.clone(), name.to_owned(), who.to_owned());
+        async move {
+            backend
+                .acquire(&name, &who, ttl)
+                .await
+                .expect("acquire")
+                .expect("free")
+                .fencing_token
+        }
+    };
+    let f_live = acquire(&live, holder, ms(5_000)).await;
+    let f_live_too = acquire(&live_too, holder, ms(5_000)).await;
+    let f_stolen = acquire(&stolen, holder, ms(100)).await;
+    let f_expired = acquire(&expired, holder, ms(100)).await;
+    let f_released = acquire(&released, holder, ms(5_000)).await;
+    backend
+        .release(Acquisition::new(&released, holder, f_released))
+        .await
+        .expect("release");
+    let short_lived = [backend.lock_key(&stolen), backend.lock_key(&expired)];
+    let gone = eventually(ms(5_000), || {
+        let (pool, keys) = (pool.clone(), short_lived.clone());
+        async move {
+            let mut c = pool.get().await.expect("connection");
+            for key in keys {
+                let exists: bool = c.exists(key).await.expect("EXISTS");
+                if exists {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await;
+    assert!(gone.is_some(), "the 100 ms leases did not expire");
+    acquire(&stolen, thief, ms(30_000)).await;
+
+    let batch = [
+        (Acquisition::new(&live, holder, f_live), ms(60_000)),
+        (Acquisition::new(&stolen, holder, f_stolen), ms(60_000)),
+        (Acquisition::new(&expired, holder, f_expired), ms(60_000)),
+        (Acquisition::new(&live_too, holder, f_live_too), ms(60_000)),
+        (Acquisition::new(&released, holder, f_released), ms(60_000)),
+        (Acquisition::new(&never, holder, Some(1)), ms(60_000)),
+    ];
+    // The keys lie in several hash slots, so one script over all of them
+    // is refused.
+    let mut slots = std::collections::HashSet::new();
+    for (lease, _) in &batch {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(backend.lock_key(lease.name))
+            .query_async(&mut conn)
+            .await
+            .expect("CLUSTER KEYSLOT");
+        slots.insert(slot);
+    }
+    assert!(slots.len() > 1, "all in one slot: {slots:?}");
+    // Load the one-key renew script (a first use would add `NOSCRIPT` to the
+    // statistics), then count from zero.
+    assert!(backend.renew(batch[0].0, ms(5_000)).await.expect("renew"));
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+
+    let renewed = backend.renew_many(&batch).await.expect("renew_many");
+    assert_eq!(renewed, [true, false, false, true, false, false]);
+
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .arg("errorstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    let stat = |prefix: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in {info}"))
+            .to_owned()
+    };
+    println!("{info}");
+    let evalsha = stat("cmdstat_evalsha:");
+    let field = |name: &str| {
+        evalsha
+            .split(',')
+            .find_map(|f| f.strip_prefix(name))
+            .unwrap_or_else(|| panic!("no {name} in {evalsha}"))
+            .to_owned()
+    };
+    assert_eq!(
+        (
+            field("rejected_calls="),
+            field("calls="),
+            field("failed_calls=")
+        ),
+        ("1".to_owned(), batch.len().to_string(), "0".to_owned()),
+        "one batch script refused, then one script per lease: {evalsha}"
+    );
+    let errors: Vec<&str> = info
+        .lines()
+        .filter(|l| l.starts_with("errorstat_"))
+        .collect();
+    assert_eq!(errors, ["errorstat_CROSSSLOT:count=1"]);
+
+    // The live leases were extended to the new ttl; the others untouched.
+    for name in [&live, &live_too] {
+        let left: i64 = conn.pttl(backend.lock_key(name)).await.expect("PTTL");
+        assert!(left > 50_000, "{name}: {left} ms left");
+    }
+    let left: i64 = conn.pttl(backend.lock_key(&stolen)).await.expect("PTTL");
+    assert!(
+        (0..=30_000).contains(&left),
+        "the thief's expiry was touched: {left}"
+    );
+    let holder_now: Option<String> = conn.get(backend.lock_key(&stolen)).await.expect("GET");
+    assert_eq!(holder_now.as_deref(), Some("2:pod-b"));
+    for name in [&expired, &released, &never] {
+        let exists: bool = conn.exists(backend.lock_key(name)).await.expect("EXISTS");
+        assert!(
+            !exists,
+            "{name}: renew_many must not bring back or insert a lease"
+        );
+    }
+    drop(server);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_deleted_key_cancels_token() {
     let Some((pool, backend)) = redis_backend().await else {
