@@ -1453,8 +1453,16 @@ async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     (addr, task)
 }
 
+/// A Redis backend that cannot reach its server fails, with an error that
+/// says why, and never hangs: refused at once; a silent server is given up
+/// after the backend's timeout (5 s by default) — or sooner, after the
+/// pool's own connection timeout, when the pool has one (redis' default is
+/// 1 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_is_an_error_not_a_hang() {
+    use deadpool_redis::PoolError;
+    use lease::Error;
+
     // Needs no server. Nothing listens on port 1: connections are refused.
     let refused = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
@@ -1466,7 +1474,10 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
         "refused: try_acquire answered {result:?} after {:?}",
         start.elapsed()
     );
-    assert!(result.is_err());
+    assert!(
+        matches!(&result, Err(Error::RedisPool(PoolError::Backend(e))) if e.is_connection_refusal()),
+        "{result:?}"
+    );
     assert!(
         start.elapsed() < ms(1000),
         "a refused connection must fail fast, took {:?}",
@@ -1482,7 +1493,8 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
         "{outcome:?}"
     );
 
-    // A server that accepts and never answers: the backend's timeout bounds the call.
+    // A server that accepts and never answers: the backend's timeout bounds
+    // the call (here shorter than the pool's 1 s connection timeout).
     let (addr, task) = black_hole().await;
     let silent = deadpool_redis::Config::from_url(format!("redis://{addr}"))
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
@@ -1493,10 +1505,13 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
     let result = pod_a.try_acquire(&unique("redis-silent"), ms(10_000)).await;
     let took = start.elapsed();
     println!("silent server: try_acquire answered {result:?} after {took:?} (timeout {timeout:?})");
-    assert!(result.is_err());
     assert!(
-        took < timeout + SLACK,
-        "the call must end within its timeout, took {took:?}"
+        matches!(result, Err(Error::Timeout { operation: "acquire", after }) if after == timeout),
+        "{result:?}"
+    );
+    assert!(
+        took >= timeout && took < timeout + SLACK,
+        "the call must end at its timeout, took {took:?}"
     );
     let outcome = pod_a
         .with_lease(&unique("redis-silent"), ms(10_000), |_| async {
@@ -1508,7 +1523,39 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
         "{outcome:?}"
     );
 
-    // With the default timeout, the documented bound is 5 s.
+    // The default timeout, 5 s, with a pool whose connections have no
+    // timeouts of their own: the backend's is the one that ends the call.
+    let manager = deadpool_redis::Manager::new_with_config(
+        format!("redis://{addr}"),
+        redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(None)
+            .set_response_timeout(None),
+    )
+    .expect("manager");
+    let untimed = deadpool_redis::Pool::builder(manager)
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .build()
+        .expect("pool");
+    let pod_a = Lease::with_holder(Redis::new(untimed), "pod-a");
+    let start = Instant::now();
+    let result = pod_a.try_acquire(&unique("redis-silent"), ms(60_000)).await;
+    let took = start.elapsed();
+    println!("silent server, default timeout: try_acquire answered {result:?} after {took:?}");
+    assert!(
+        matches!(
+            result,
+            Err(Error::Timeout { operation: "acquire", after }) if after == Redis::DEFAULT_TIMEOUT
+        ),
+        "{result:?}"
+    );
+    assert!(
+        took >= Redis::DEFAULT_TIMEOUT && took < Redis::DEFAULT_TIMEOUT + SLACK,
+        "took {took:?}"
+    );
+
+    // The default timeout with redis' default connection settings: the
+    // pool's connection attempt gives up first (after 1 s), with its own
+    // timeout error.
     let silent = deadpool_redis::Config::from_url(format!("redis://{addr}"))
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
@@ -1516,9 +1563,15 @@ async fn redis_unreachable_is_an_error_not_a_hang() {
     let start = Instant::now();
     let result = pod_a.try_acquire(&unique("redis-silent"), ms(60_000)).await;
     let took = start.elapsed();
-    println!("silent server, default timeout: try_acquire answered {result:?} after {took:?}");
-    assert!(result.is_err());
-    assert!(took < Redis::DEFAULT_TIMEOUT + SLACK, "took {took:?}");
+    println!("silent server, default settings: try_acquire answered {result:?} after {took:?}");
+    assert!(
+        matches!(&result, Err(Error::RedisPool(PoolError::Backend(e))) if e.is_timeout()),
+        "{result:?}"
+    );
+    assert!(
+        took >= ms(1000) && took < Redis::DEFAULT_TIMEOUT,
+        "took {took:?}"
+    );
     task.abort();
 }
 
