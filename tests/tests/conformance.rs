@@ -403,12 +403,13 @@ async fn release_then_reacquire_increments_fence<S: Subject>(s: &S) {
 async fn renew_extends_a_live_lease<S: Subject>(s: &S) {
     let name = unique("renew-extends");
     let b = s.backend();
-    let ttl = ms(1000);
+    let ttl = TTL;
     assert_eq!(acquire(&b, &name, "holder-a", ttl).await, Some(fence(s, 1)));
-    sleep(ms(500)).await;
+    sleep(ttl / 2).await;
     assert!(renew(&b, &name, "holder-a", fence(s, 1), ttl).await);
-    // 1.2 s after acquiring: the original expiry has passed, the renewed one not.
-    sleep(ms(700)).await;
+    // 1.2 ttls after acquiring: the original expiry has passed, the renewed
+    // one not (0.3 ttls to spare).
+    sleep(ttl * 7 / 10).await;
     assert_eq!(
         acquire(&b, &name, "holder-b", LONG).await,
         None,
@@ -938,13 +939,13 @@ async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
 
 async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
     let name = unique("renewed");
-    let ttl = ms(600);
+    let ttl = TTL;
     let a = lease(s, "holder-a");
     let b = &lease(s, "holder-b");
     let name = &name;
     let out = a
         .with_lease(name, ttl, |token| async move {
-            sleep(ttl * 3).await;
+            sleep(ttl * 3 / 2).await;
             let other = b.try_acquire(name, ttl).await.unwrap();
             (token.is_cancelled(), other.is_some())
         })
@@ -964,7 +965,9 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let b = s.backend();
     let holder = unique("holder");
     let thief = unique("thief");
-    let short = ms(300);
+    // `live_short` must still be held when the batch is sent, and expire
+    // (but for the batch) soon after.
+    let short = TTL;
     let name = |what: &str| unique(&format!("renew-many-{what}"));
     let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
     let (expired, stolen, released, never, superseded) = (
@@ -975,7 +978,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         name("superseded"),
     );
     let f_live = acquired(&b, &live, &holder, LONG).await;
-    let f_live_short = acquired(&b, &live_short, &holder, short * 2).await;
+    let f_live_short = acquired(&b, &live_short, &holder, short).await;
     let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
     let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
     let f_stolen = acquired(&b, &stolen, &holder, ms(50)).await;
@@ -1025,7 +1028,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     assert!(renew(&b, &superseded, &holder, f_new, LONG).await);
 
     // `live_short` was extended past its first ttl.
-    sleep(short * 2 + ms(200)).await;
+    sleep(short + ms(200)).await;
     assert_eq!(
         acquire(&b, &live_short, &thief, LONG).await,
         None,
