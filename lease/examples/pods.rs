@@ -12,6 +12,9 @@
 //! goodbye. Its lease stays until its ttl runs out, so the next ticks are
 //! skipped everywhere; then another pod takes over with a larger fencing
 //! token. The demo exits by itself after about ten seconds.
+//!
+//! The test `tests/tests/readme_demo.rs` runs this code (with
+//! [`run`] and a shorter [`Schedule`]) and checks what it prints.
 
 use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,24 +23,55 @@ use lease::backend::SqliteTable;
 use lease::{Lease, LeaseGuard};
 
 const PODS: u32 = 3;
-const TICKS: u32 = 10;
-const TICK: Duration = Duration::from_secs(1);
-const TTL: Duration = Duration::from_secs(3);
-const JOB: Duration = Duration::from_millis(400);
-/// Kill the pod running the job this far into the demo (mid-job of tick 5).
-const KILL_AT: Duration = Duration::from_millis(5_200);
 const NAME: &str = "demo-job";
 
-type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
+/// When things happen in the demo.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Schedule {
+    /// How many ticks each pod runs.
+    pub(crate) ticks: u32,
+    /// The time between two ticks.
+    pub(crate) tick: Duration,
+    /// The lease's time-to-live.
+    pub(crate) ttl: Duration,
+    /// How long the job runs.
+    pub(crate) job: Duration,
+    /// When, after the first tick, the pod running the job is killed.
+    pub(crate) kill_at: Duration,
+    /// Time for the pods to start before the first tick.
+    pub(crate) lead: Duration,
+}
+
+/// The demo of the README: a tick every second for ten seconds, a lease of
+/// three seconds, and the kill mid-job of tick 6.
+pub(crate) const DEMO: Schedule = Schedule {
+    ticks: 10,
+    tick: Duration::from_secs(1),
+    ttl: Duration::from_secs(3),
+    job: Duration::from_millis(400),
+    kill_at: Duration::from_millis(5_200),
+    lead: Duration::from_millis(500),
+};
+
+pub(crate) type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 fn main() -> Result<()> {
+    run(&DEMO)
+}
+
+/// The demo with `schedule`: the parent, or with `--pod <db> <n> <start>`
+/// (the arguments the parent starts its pods with, copies of the running
+/// executable) one of its pods.
+pub(crate) fn run(schedule: &Schedule) -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     match args.get(1).map(String::as_str) {
-        Some("--pod") => runtime.block_on(pod(&args[2], args[3].parse()?, args[4].parse()?)),
-        _ => runtime.block_on(demo()),
+        Some("--pod") => {
+            runtime.block_on(pod(schedule, &args[2], args[3].parse()?, args[4].parse()?))
+        }
+        _ => runtime.block_on(demo(schedule)),
     }
 }
 
@@ -53,14 +87,22 @@ async fn sleep_until_ms(at: u64) {
 }
 
 /// The parent: start the pods, kill the one holding the lease mid-way, wait.
-async fn demo() -> Result<()> {
+async fn demo(schedule: &Schedule) -> Result<()> {
+    let Schedule {
+        tick,
+        ttl,
+        job,
+        kill_at,
+        lead,
+        ..
+    } = *schedule;
     let db = std::env::temp_dir().join(format!("lease-demo-{}.db", std::process::id()));
     let table = SqliteTable::open(&db).await?;
     println!(
-        "lease demo: {PODS} pods share {} — a tick every {TICK:?}, lease ttl {TTL:?}, job {JOB:?}",
+        "lease demo: {PODS} pods share {} — a tick every {tick:?}, lease ttl {ttl:?}, job {job:?}",
         db.display()
     );
-    let start = now_ms() + 500;
+    let start = now_ms() + lead.as_millis() as u64;
     let exe = std::env::current_exe()?;
     let mut pods = Pods(Vec::new());
     for n in 1..=PODS {
@@ -75,7 +117,7 @@ async fn demo() -> Result<()> {
         pods.0.push((format!("pod-{n}"), child));
     }
 
-    sleep_until_ms(start + KILL_AT.as_millis() as u64).await;
+    sleep_until_ms(start + kill_at.as_millis() as u64).await;
     let holder = current_holder(&table).await?;
     let (name, child) = match pods
         .0
@@ -137,13 +179,13 @@ async fn current_holder(table: &SqliteTable) -> Result<Option<String>> {
 }
 
 /// One pod: tick, try the lease, run the job if we got it.
-async fn pod(db: &str, n: u32, start: u64) -> Result<()> {
+async fn pod(schedule: &Schedule, db: &str, n: u32, start: u64) -> Result<()> {
     let table = SqliteTable::open(db).await?;
     let lease = Lease::with_holder(table.clone(), format!("pod-{n}"));
-    for tick in 1..=TICKS {
-        sleep_until_ms(start + u64::from(tick - 1) * TICK.as_millis() as u64).await;
-        match lease.try_acquire(NAME, TTL).await {
-            Ok(Some(guard)) => job(tick, n, guard).await,
+    for tick in 1..=schedule.ticks {
+        sleep_until_ms(start + u64::from(tick - 1) * schedule.tick.as_millis() as u64).await;
+        match lease.try_acquire(NAME, schedule.ttl).await {
+            Ok(Some(guard)) => job(tick, n, guard, schedule.job).await,
             Ok(None) => {
                 let holder = current_holder(&table)
                     .await?
@@ -157,12 +199,12 @@ async fn pod(db: &str, n: u32, start: u64) -> Result<()> {
 }
 
 /// The job: pretend to work for a while, stopping early if the lease is lost.
-async fn job(tick: u32, n: u32, guard: LeaseGuard) {
+async fn job(tick: u32, n: u32, guard: LeaseGuard, duration: Duration) {
     let fence = guard.fencing_token().unwrap_or_default();
     println!("tick {tick:>2} | pod-{n} runs the job        fencing token {fence}");
     let token = guard.token();
     tokio::select! {
-        () = tokio::time::sleep(JOB) => {}
+        () = tokio::time::sleep(duration) => {}
         () = token.cancelled() => println!("tick {tick:>2} | pod-{n} lost the lease mid-job and stopped"),
     }
     if let Err(e) = guard.release().await {

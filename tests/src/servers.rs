@@ -1,6 +1,7 @@
 //! Private database servers that a test (or a benchmark) starts, faults and
-//! tears down itself: PostgreSQL, MariaDB/MySQL and Redis, each on a free
-//! port of 127.0.0.1 with its data in a fresh temporary directory.
+//! tears down itself: PostgreSQL, MariaDB/MySQL and Redis (also as a
+//! one-node Redis Cluster), each on a free port of 127.0.0.1 with its data
+//! in a fresh temporary directory.
 //!
 //! The shared test servers (`LEASE_*_URL`) serve every test binary of the
 //! workspace at once, so a test must never stop them or kill their clients'
@@ -92,6 +93,8 @@ pub struct PrivateServer {
     child: Option<Child>,
     /// The account the server runs as (`None`: this process's own).
     account: Option<(u32, u32)>,
+    /// Redis only: started with `--cluster-enabled yes` ([`redis_cluster`](Self::redis_cluster)).
+    cluster: bool,
 }
 
 impl PrivateServer {
@@ -164,6 +167,51 @@ impl PrivateServer {
         Ok(server)
     }
 
+    /// Start `redis-server` as a Redis Cluster of one node (no persistence)
+    /// that serves every hash slot, and wait until the cluster is up
+    /// (`cluster_state:ok`). It refuses a command over keys of several hash
+    /// slots with `CROSSSLOT`, as every cluster node does; a client that
+    /// knows nothing of clusters can use it like a plain server otherwise.
+    /// Needs Redis 7.0 or later (`--cluster-port`, `CLUSTER ADDSLOTSRANGE`).
+    ///
+    /// # Errors
+    ///
+    /// When the binary is missing or the server or its cluster does not come up.
+    pub async fn redis_cluster() -> Result<Self, String> {
+        let mut server = Self::prepare(ServerKind::Redis(RedisPersistence::None), None)?;
+        server.cluster = true;
+        server.start().await?;
+        let client = redis::Client::open(server.url()).map_err(|e| e.to_string())?;
+        let mut c = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| e.to_string())?;
+        let () = redis::cmd("CLUSTER")
+            .arg("ADDSLOTSRANGE")
+            .arg(0)
+            .arg(16383)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| format!("CLUSTER ADDSLOTSRANGE: {e}"))?;
+        let start = Instant::now();
+        loop {
+            let info: String = redis::cmd("CLUSTER")
+                .arg("INFO")
+                .query_async(&mut c)
+                .await
+                .map_err(|e| format!("CLUSTER INFO: {e}"))?;
+            if info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                return Ok(server);
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                return Err(format!(
+                    "the cluster is not up after {READY_TIMEOUT:?}: {info}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     fn prepare(kind: ServerKind, account: Option<&str>) -> Result<Self, String> {
         kill_leftovers();
         let dir = std::env::temp_dir().join(format!(
@@ -191,6 +239,7 @@ impl PrivateServer {
             port: 0,
             child: None,
             account,
+            cluster: false,
         })
     }
 
@@ -315,6 +364,13 @@ impl PrivateServer {
                         cmd.args(["--appendonly", "yes", "--appendfsync", "always"])
                     }
                 };
+                if self.cluster {
+                    // A bus port of its own: the default, port + 10,000,
+                    // may be taken or beyond 65,535.
+                    cmd.args(["--cluster-enabled", "yes", "--cluster-config-file"])
+                        .arg(self.dir.join("nodes.conf"))
+                        .args(["--cluster-port", &free_port()?.to_string()]);
+                }
                 cmd
             }
         };

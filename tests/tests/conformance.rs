@@ -95,10 +95,19 @@ trait TableBackend: Backend + Clone + std::fmt::Debug {
     fn ensure_schema(&self) -> impl Future<Output = Result<(), Error>> + Send;
     /// Drops this backend's table (to clean up tables made by a test).
     fn drop_table(&self) -> impl Future<Output = ()> + Send;
+    /// The clock the backend's statements read (the database server's; the
+    /// host's for SQLite), now, in microseconds since the Unix epoch — read
+    /// the way the statements read it.
+    fn server_now_us(&self) -> impl Future<Output = i64> + Send;
+    /// `expires_at` of `name`'s row, in microseconds since the Unix epoch.
+    fn expires_at_us(&self, name: &str) -> impl Future<Output = i64> + Send;
 }
 
+/// `table_backend!(type, now, expires_at)`: `now` reads the backend's
+/// clock, `expires_at` a row's expiry (binding the name), both in
+/// microseconds since the Unix epoch.
 macro_rules! table_backend {
-    ($($t:ty),*) => {$(
+    ($($t:ty, $now:expr, $expires_at:expr;)*) => {$(
         impl TableBackend for $t {
             fn with_table(self, table: &str) -> Result<Self, Error> {
                 <$t>::with_table(self, table)
@@ -117,10 +126,44 @@ macro_rules! table_backend {
                     sqlx::query(AssertSqlSafe(sql)).execute(&pool).await.expect("drop table");
                 }
             }
+            fn server_now_us(&self) -> impl Future<Output = i64> + Send {
+                let pool = self.pool().clone();
+                async move {
+                    sqlx::query_scalar::<_, i64>($now)
+                        .fetch_one(&pool)
+                        .await
+                        .expect("read the server's clock")
+                }
+            }
+            fn expires_at_us(&self, name: &str) -> impl Future<Output = i64> + Send {
+                // Test code: the name was validated by `with_table`.
+                let sql = format!($expires_at, table = self.table());
+                let (pool, name) = (self.pool().clone(), name.to_owned());
+                async move {
+                    sqlx::query_scalar::<_, i64>(AssertSqlSafe(sql))
+                        .bind(name)
+                        .fetch_one(&pool)
+                        .await
+                        .expect("read expires_at")
+                }
+            }
         }
     )*};
 }
-table_backend!(PgTable, MySqlTable, SqliteTable);
+table_backend!(
+    PgTable,
+    "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000000)::int8",
+    "SELECT (EXTRACT(EPOCH FROM expires_at) * 1000000)::int8 FROM {table} WHERE name = $1";
+    // A `DATETIME(6)` column in UTC (`ensure_schema`), written with `UTC_TIMESTAMP(6)`.
+    MySqlTable,
+    "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))",
+    "SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', expires_at) \
+     FROM {table} WHERE name = ?";
+    // Milliseconds of the host's clock, read by SQLite as the statements do.
+    SqliteTable,
+    "SELECT CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER) * 1000",
+    "SELECT expires_at * 1000 FROM {table} WHERE name = ?1";
+);
 
 /// The acquisition `grant` was for.
 fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
@@ -360,12 +403,13 @@ async fn release_then_reacquire_increments_fence<S: Subject>(s: &S) {
 async fn renew_extends_a_live_lease<S: Subject>(s: &S) {
     let name = unique("renew-extends");
     let b = s.backend();
-    let ttl = ms(1000);
+    let ttl = TTL;
     assert_eq!(acquire(&b, &name, "holder-a", ttl).await, Some(fence(s, 1)));
-    sleep(ms(500)).await;
+    sleep(ttl / 2).await;
     assert!(renew(&b, &name, "holder-a", fence(s, 1), ttl).await);
-    // 1.2 s after acquiring: the original expiry has passed, the renewed one not.
-    sleep(ms(700)).await;
+    // 1.2 ttls after acquiring: the original expiry has passed, the renewed
+    // one not (0.3 ttls to spare).
+    sleep(ttl * 7 / 10).await;
     assert_eq!(
         acquire(&b, &name, "holder-b", LONG).await,
         None,
@@ -895,13 +939,13 @@ async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
 
 async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
     let name = unique("renewed");
-    let ttl = ms(600);
+    let ttl = TTL;
     let a = lease(s, "holder-a");
     let b = &lease(s, "holder-b");
     let name = &name;
     let out = a
         .with_lease(name, ttl, |token| async move {
-            sleep(ttl * 3).await;
+            sleep(ttl * 3 / 2).await;
             let other = b.try_acquire(name, ttl).await.unwrap();
             (token.is_cancelled(), other.is_some())
         })
@@ -921,7 +965,9 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let b = s.backend();
     let holder = unique("holder");
     let thief = unique("thief");
-    let short = ms(300);
+    // `live_short` must still be held when the batch is sent, and expire
+    // (but for the batch) soon after.
+    let short = TTL;
     let name = |what: &str| unique(&format!("renew-many-{what}"));
     let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
     let (expired, stolen, released, never, superseded) = (
@@ -932,7 +978,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         name("superseded"),
     );
     let f_live = acquired(&b, &live, &holder, LONG).await;
-    let f_live_short = acquired(&b, &live_short, &holder, short * 2).await;
+    let f_live_short = acquired(&b, &live_short, &holder, short).await;
     let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
     let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
     let f_stolen = acquired(&b, &stolen, &holder, ms(50)).await;
@@ -982,7 +1028,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     assert!(renew(&b, &superseded, &holder, f_new, LONG).await);
 
     // `live_short` was extended past its first ttl.
-    sleep(short * 2 + ms(200)).await;
+    sleep(short + ms(200)).await;
     assert_eq!(
         acquire(&b, &live_short, &thief, LONG).await,
         None,
@@ -1115,6 +1161,93 @@ where
     // The bounds themselves are fine (the 10 ms lease may be over by now).
     assert!(renew(&b, &name, "a", Some(1), Duration::from_secs(86_400)).await);
     assert!(renew(&b, &name, "a", Some(1), ms(10)).await);
+}
+
+/// The rule the engine's deadline rests on (`t_send + ttl - margin`, see
+/// `docs/ARCHITECTURE.md`): every statement that sets an expiry — a new
+/// name, a re-acquire by the holder, a renewal, a batch of renewals, a
+/// takeover — sets it to at least the server's time before the request plus
+/// the ttl, exactly (to the microsecond; the millisecond for SQLite — the
+/// engine's margin is for clock rates, not for the statements), and to at
+/// most the server's time after the request plus the ttl. How small an
+/// error the lower bound catches depends on how soon after the first
+/// reading the statement runs (a millisecond or so); an error the size of
+/// the margin (602 ms at 60 s) it always catches.
+async fn expiry_is_the_server_time_of_the_request_plus_the_ttl<S: Subject>(s: &S)
+where
+    S::B: TableBackend,
+{
+    let b = s.backend();
+    let (name, other) = (unique("expiry"), unique("expiry-other"));
+    let secs = Duration::from_secs;
+
+    let grant =
+        within_ttl_of_the_request(&b, "acquire of a new name", &[(&name, secs(60))], async {
+            acquired(&b, &name, "holder-a", secs(60)).await
+        })
+        .await;
+    let again = within_ttl_of_the_request(
+        &b,
+        "re-acquire by the holder",
+        &[(&name, secs(61))],
+        async { acquired(&b, &name, "holder-a", secs(61)).await },
+    )
+    .await;
+    assert_eq!(grant, again);
+    within_ttl_of_the_request(&b, "renew", &[(&name, secs(62))], async {
+        assert!(renew(&b, &name, "holder-a", grant, secs(62)).await);
+    })
+    .await;
+    let other_fence = acquired(&b, &other, "holder-a", secs(60)).await;
+    let batch = [
+        (Acquisition::new(&name, "holder-a", grant), secs(63)),
+        (Acquisition::new(&other, "holder-a", other_fence), secs(64)),
+    ];
+    within_ttl_of_the_request(
+        &b,
+        "renew_many",
+        &[(&name, secs(63)), (&other, secs(64))],
+        async { assert_eq!(b.renew_many(&batch).await.unwrap(), [true, true]) },
+    )
+    .await;
+    release(&b, &name, "holder-a", grant).await;
+    let taken = within_ttl_of_the_request(
+        &b,
+        "acquire of a released name",
+        &[(&name, secs(65))],
+        async { acquired(&b, &name, "holder-b", secs(65)).await },
+    )
+    .await;
+    assert_eq!(taken, Some(2));
+}
+
+/// Run `request` between two readings of the backend's clock; then each
+/// `(name, ttl)` must expire between the first reading + ttl and the second
+/// + ttl.
+async fn within_ttl_of_the_request<B: TableBackend, T>(
+    b: &B,
+    what: &str,
+    expiries: &[(&str, Duration)],
+    request: impl Future<Output = T>,
+) -> T {
+    let before = b.server_now_us().await;
+    let value = request.await;
+    let after = b.server_now_us().await;
+    for &(name, ttl) in expiries {
+        let expires_at = b.expires_at_us(name).await;
+        let ttl = i64::try_from(ttl.as_micros()).unwrap();
+        assert!(
+            expires_at >= before + ttl,
+            "{what}: {name} expires {} µs before the server's time before the request + {ttl} µs",
+            before + ttl - expires_at
+        );
+        assert!(
+            expires_at <= after + ttl,
+            "{what}: {name} expires {} µs after the server's time after the request + {ttl} µs",
+            expires_at - after - ttl
+        );
+    }
+    value
 }
 
 async fn ensure_schema_twice_and_concurrently<S: Subject>(s: &S)
@@ -1452,6 +1585,7 @@ macro_rules! conformance {
         conformance!(@tests $subject, [
             table_names_are_validated,
             backend_calls_reject_invalid_input,
+            expiry_is_the_server_time_of_the_request_plus_the_ttl,
             ensure_schema_twice_and_concurrently,
         ]);
     };

@@ -1155,11 +1155,11 @@ async fn pg_advisory_with_the_go_key_derivation() {
     // The Rust side holds it, past its ttl (the heartbeat checks that key):
     // the Go side cannot have it until it is released.
     let guard = rust
-        .try_acquire(&name, ms(900))
+        .try_acquire(&name, ms(2_000))
         .await
         .expect("try")
         .expect("free");
-    tokio::time::sleep(ms(1_500)).await;
+    tokio::time::sleep(ms(2_500)).await;
     assert!(guard.is_valid(), "renewed by heartbeats on the Go key");
     let locked: bool = sqlx::query_scalar(try_lock)
         .bind(key)

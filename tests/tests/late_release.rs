@@ -27,7 +27,11 @@ use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::sleep;
 
+/// The lease whose release is held back: it must have expired by the time
+/// the same holder acquires the name again.
 const TTL: Duration = Duration::from_secs(1);
+/// The newer acquisition, which only has to stay held.
+const HELD: Duration = Duration::from_secs(2);
 
 fn addr_of(url: &str) -> SocketAddr {
     let host_port = url
@@ -89,7 +93,7 @@ async fn a_late_release_does_not_end_a_newer_acquisition(
     // sent before the release). The same holder acquires the name again.
     sleep(TTL / 2).await;
     let newer = again
-        .try_acquire(&name, TTL)
+        .try_acquire(&name, HELD)
         .await
         .unwrap()
         .expect("expired");

@@ -914,4 +914,79 @@ async fn a_guard_dropped_outside_any_runtime_is_released_on_the_renewing_runtime
     );
     // And the name is free for this Lease again.
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+
+/// The longest ttl there is: the time limits of acquire and release are
+/// capped at 30 s, far below `ttl - margin` and `ttl`.
+const DAY: Duration = Duration::from_secs(86_400);
+const CAP: Duration = Duration::from_secs(30);
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_acquire_with_a_long_ttl_times_out_after_30_s() {
+    #[derive(Clone)]
+    struct HangingAcquire;
+    impl Backend for HangingAcquire {
+        async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
+            std::future::pending().await
+        }
+        async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
+            Ok(true)
+        }
+        async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
+            Ok(())
+        }
+    }
+    let lease = Lease::with_holder(HangingAcquire, "a");
+    let t0 = Instant::now();
+    let err = lease.try_acquire("job", DAY).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                operation: "acquire",
+                after,
+            } if after == CAP
+        ),
+        "{err:?}"
+    );
+    assert_eq!(Instant::now() - t0, CAP);
+    // Through `with_lease`: skipped with the same error, after the same 30 s.
+    let t0 = Instant::now();
+    let out = lease
+        .with_lease("job", DAY, |_| async { unreachable!("must not run") })
+        .await;
+    assert!(
+        matches!(
+            out,
+            Outcome::Skipped(Skip::Error(Error::Timeout {
+                operation: "acquire",
+                ..
+            }))
+        ),
+        "{out:?}"
+    );
+    assert_eq!(Instant::now() - t0, CAP);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_release_with_a_long_ttl_times_out_after_30_s() {
+    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Hang);
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let guard = lease.try_acquire("job", DAY).await.unwrap().unwrap();
+    sleep(ms(100)).await;
+    let t_release = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Timeout {
+                operation: "release",
+                after,
+            } if after == CAP
+        ),
+        "{err:?}"
+    );
+    assert_eq!(Instant::now() - t_release, CAP);
+    // The release was sent once and is not waited for any longer.
+    let releases = backend.times(t_release, |c| matches!(c, Call::Release(_)));
+    assert_eq!(releases, [Duration::ZERO]);
 }
