@@ -914,6 +914,7 @@ async fn a_guard_dropped_outside_any_runtime_is_released_on_the_renewing_runtime
     );
     // And the name is free for this Lease again.
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
+}
 
 /// The longest ttl there is: the time limits of acquire and release are
 /// capped at 30 s, far below `ttl - margin` and `ttl`.
