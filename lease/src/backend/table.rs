@@ -985,18 +985,20 @@ fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
 /// `r`, with the reason a connection could not be opened when sqlx hides it.
 ///
 /// A pool retries a refused connection until its `acquire_timeout` and then
-/// reports only `PoolTimedOut`. When that happens while the pool has no
-/// connection open, one connection attempt (bounded by `CONNECT_TIMEOUT`)
-/// finds out why, and its error is returned instead: the log then reads
-/// "connection refused", "password authentication failed", ... This costs
-/// nothing on the paths that work.
+/// reports only `PoolTimedOut`. When that happens, one connection attempt
+/// (bounded by `CONNECT_TIMEOUT`) finds out why, and its error is returned
+/// instead: the log then reads "connection refused", "password
+/// authentication failed", ... If the attempt succeeds (the pool was merely
+/// exhausted), `PoolTimedOut` stands. This costs nothing on the paths that
+/// work. (Whether the pool still counts an abandoned connection attempt as
+/// open is a race, so the pool's size is not consulted.)
 pub(crate) async fn explain<T, DB: sqlx::Database>(
     pool: &sqlx::Pool<DB>,
     r: Result<T, sqlx::Error>,
 ) -> Result<T, Error> {
     const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
     match r {
-        Err(sqlx::Error::PoolTimedOut) if pool.size() == 0 && !pool.is_closed() => {
+        Err(sqlx::Error::PoolTimedOut) if !pool.is_closed() => {
             use sqlx::ConnectOptions;
             let options = pool.connect_options();
             match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
