@@ -1,4 +1,4 @@
-//! The metrics of DESIGN's "Operating it" table, counted through the
+//! The metrics of the crate docs' "Metrics" table, counted through the
 //! `metrics` facade (feature `metrics`), read back with `metrics-util`'s
 //! debugging recorder.
 
