@@ -187,6 +187,14 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 /// make it one; a connection found dead is then reported by the statement
 /// itself, and the engine retries the renewal on another connection.
 ///
+/// **An unreachable server.** sqlx retries a refused connection until the
+/// pool's `acquire_timeout` (30 s by default) and only then fails; the
+/// backend then makes one connection attempt of its own to report why
+/// ("connection refused", ...). Give the pool an `acquire_timeout` shorter
+/// than the ttl, or the engine's own limit on an acquisition
+/// (`min(ttl - margin, 30 s)`) ends the call first, and the log reads
+/// "acquire timed out" without the reason.
+///
 /// Cloning is cheap: a pool and reference-counted statements.
 pub struct Table<D: Dialect> {
     pool: sqlx::Pool<D::Database>,
