@@ -276,8 +276,14 @@ async fn pg_dropped_try_acquire_leaves_no_lock() {
     // reconnect several times that): the future is dropped while waiting
     // for the pool, while connecting, while the lock query is on the wire,
     // after the lock was granted, or not at all. Every fourth call is let
-    // through, so that the pool warms up again.
-    for i in 0..200u32 {
+    // through, so that the pool warms up again. Whether a drop lands in the
+    // granted-but-unanswered window depends on the machine's timing: up to
+    // five rounds of 200 are tried until one does (the check below still
+    // fails if none ever does).
+    for i in 0..1000u32 {
+        if i > 0 && i % 200 == 0 && dropped_locked > 0 {
+            break;
+        }
         let limit = if i % 4 == 3 {
             ms(5000)
         } else {
@@ -308,7 +314,7 @@ async fn pg_dropped_try_acquire_leaves_no_lock() {
         }
     }
     println!(
-        "200 try_acquire: {dropped} dropped ({dropped_locked} of them after the lock was granted), \
+        "try_acquire: {dropped} dropped ({dropped_locked} of them after the lock was granted), \
          {acquired} acquired, {held_elsewhere} held elsewhere, {errors} errors"
     );
     assert!(
