@@ -517,21 +517,24 @@ async fn invalid_input_is_rejected_before_the_backend() {
     assert!(backend.calls().is_empty());
 }
 
+/// A backend whose acquisitions never answer.
+#[derive(Clone)]
+struct HangingAcquire;
+
+impl Backend for HangingAcquire {
+    async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
+        std::future::pending().await
+    }
+    async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
+        Ok(true)
+    }
+    async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hanging_acquire_times_out() {
-    #[derive(Clone)]
-    struct HangingAcquire;
-    impl Backend for HangingAcquire {
-        async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
-            std::future::pending().await
-        }
-        async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
-            Ok(true)
-        }
-        async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
-            Ok(())
-        }
-    }
     let lease = Lease::with_holder(HangingAcquire, "a");
     let t0 = Instant::now();
     let err = lease.try_acquire("job", TTL).await.unwrap_err();
@@ -923,19 +926,6 @@ const CAP: Duration = Duration::from_secs(30);
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_acquire_with_a_long_ttl_times_out_after_30_s() {
-    #[derive(Clone)]
-    struct HangingAcquire;
-    impl Backend for HangingAcquire {
-        async fn acquire(&self, _: &str, _: &str, _: Duration) -> Result<Option<Grant>, Error> {
-            std::future::pending().await
-        }
-        async fn renew(&self, _: Acquisition<'_>, _: Duration) -> Result<bool, Error> {
-            Ok(true)
-        }
-        async fn release(&self, _: Acquisition<'_>) -> Result<(), Error> {
-            Ok(())
-        }
-    }
     let lease = Lease::with_holder(HangingAcquire, "a");
     let t0 = Instant::now();
     let err = lease.try_acquire("job", DAY).await.unwrap_err();
