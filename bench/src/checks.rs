@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use crate::handover::Handover;
 use crate::measure::{Contention, Overhead, RoundTrips, Scale};
 
 /// `with_lease` / floor, medians of 3,000 cycles each (full run).
@@ -17,6 +18,20 @@ pub const OVERHEAD_TARGET: f64 = 1.15;
 /// of a loaded machine, tight enough for a real regression such as one more
 /// round trip per call (a ratio of about 2; see `docs/PERFORMANCE.md`).
 pub const QUICK_OVERHEAD_BOUND: f64 = 1.5;
+
+/// Hand-over with the server's push, p50, in round trips of the same
+/// backend (`PgTable`, `PgAdvisory`, `Redis`), full run: the notification
+/// reaches the waiter about when the release's answer reaches the holder,
+/// and the waiter's acquire takes one round trip.
+pub const HANDOVER_RTT_TARGET: f64 = 2.0;
+
+/// The same in the quick run (15 samples, on a machine that may be busy):
+/// on loopback a round trip is 50 to 200 µs, about the cost of the two task
+/// wake-ups between the notification and the waiter's acquire on a loaded
+/// machine (see `docs/PERFORMANCE.md`); a push that does not work costs a
+/// poll, hundreds of round trips, and one more round trip per hand-over
+/// still shows.
+pub const QUICK_HANDOVER_RTT_BOUND: f64 = 4.0;
 
 /// A requirement on one number.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,7 +70,8 @@ impl fmt::Display for Required {
 pub struct Check {
     /// The backend, as labelled in the tables.
     pub backend: &'static str,
-    /// The section of the report: `rt`, `overhead`, `contention` or `scale`.
+    /// The section of the report: `rt`, `overhead`, `contention`, `scale`
+    /// or `handover`.
     pub section: &'static str,
     /// What is checked.
     pub what: String,
@@ -100,6 +116,7 @@ pub(crate) struct Measured<'a> {
     pub(crate) overhead: Option<&'a Overhead>,
     pub(crate) contention: &'a [Contention],
     pub(crate) scale: &'a [Scale],
+    pub(crate) handover: Option<&'a Handover>,
 }
 
 /// Every check of one backend's numbers.
@@ -250,6 +267,27 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
             );
         }
     }
+    if let Some(h) = m.handover {
+        check(
+            "handover",
+            "hand-over samples (push and polling)".to_owned(),
+            AtLeast(1.0),
+            h.push.n.min(h.poll.n) as f64,
+        );
+        if h.pushes {
+            check(
+                "handover",
+                "hand-over p50 with push, in round trips (release returned → waiter's acquire returned)"
+                    .to_owned(),
+                AtMost(if quick {
+                    QUICK_HANDOVER_RTT_BOUND
+                } else {
+                    HANDOVER_RTT_TARGET
+                }),
+                h.push.median.as_secs_f64() / h.rtt.as_secs_f64(),
+            );
+        }
+    }
     out
 }
 
@@ -314,6 +352,7 @@ mod tests {
             overhead: None,
             contention: &[],
             scale,
+            handover: None,
         }
     }
 
@@ -428,5 +467,51 @@ mod tests {
             };
             assert_eq!(unmet("Redis", m, true).len(), 1);
         }
+    }
+
+    #[test]
+    fn a_slow_push_hand_over_fails_where_the_server_pushes() {
+        let ms = |x: f64| Duration::from_secs_f64(x / 1e3);
+        let stats = |median: f64| Stats {
+            median: ms(median),
+            p99: ms(median),
+            n: 10,
+        };
+        let handover = |push_ms: f64, pushes: bool| Handover {
+            rtt: ms(1.0),
+            push: stats(push_ms),
+            poll: stats(100.0),
+            pushes,
+            ..Handover::default()
+        };
+        let with = |h: &Handover, label| {
+            let m = Measured {
+                handover: Some(h),
+                ..measured(None, &[])
+            };
+            unmet(label, m, true)
+        };
+        assert_eq!(with(&handover(1.9, true), "PgTable"), Vec::<String>::new());
+        let slow = with(&handover(4.5, true), "Redis");
+        assert_eq!(slow.len(), 1, "{slow:#?}");
+        assert!(slow[0].contains("round trips"), "{slow:#?}");
+        // The full run's target is tighter.
+        let full = |h: &Handover| {
+            let m = Measured {
+                handover: Some(h),
+                ..measured(None, &[])
+            };
+            unmet("PgAdvisory", m, false)
+        };
+        assert_eq!(full(&handover(2.5, true)).len(), 1);
+        assert_eq!(full(&handover(1.5, true)), Vec::<String>::new());
+        // A backend that polls is measured, not held to the push target.
+        assert_eq!(
+            with(&handover(50.0, false), "MySqlTable"),
+            Vec::<String>::new()
+        );
+        // No samples: not met.
+        let empty = Handover::default();
+        assert_eq!(with(&empty, "MySqlTable").len(), 1);
     }
 }

@@ -13,7 +13,11 @@
 //! 3. 64 contenders on one name and on 64 names;
 //! 4. one process holding 1,000 and 10,000 leases: renewal requests per
 //!    `ttl/3` window (batched, and the unbatched default as the baseline),
-//!    CPU and memory.
+//!    CPU and memory;
+//! 5. hand-over: from a `release()` returning to a waiting `acquire`
+//!    returning, with the backend's push and polling (the baseline), in
+//!    round trips; and the take-over of a crashed holder's lease after its
+//!    expiry.
 //!
 //! Every required number is checked ([`Check`]); the report ends with the
 //! table of checks, and the program exits with an error when one is not
@@ -34,12 +38,17 @@ use std::time::{Duration, Instant};
 use lease::backend::{MySqlTable, PgAdvisory, Redis, SqliteTable};
 
 mod checks;
+mod handover;
 mod measure;
 mod servers;
 mod targets;
 
-pub use checks::{Check, OVERHEAD_TARGET, QUICK_OVERHEAD_BOUND, Required};
+pub use checks::{
+    Check, HANDOVER_RTT_TARGET, OVERHEAD_TARGET, QUICK_HANDOVER_RTT_BOUND, QUICK_OVERHEAD_BOUND,
+    Required,
+};
 
+use handover::Handover;
 use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
 pub use servers::Unavailable;
 use servers::{Counter, Servers};
@@ -58,7 +67,8 @@ pub struct Options {
     pub only: Vec<String>,
     /// The command line, for the report.
     pub command: String,
-    /// Only these sections (`rt`, `overhead`, `contention`, `scale`, `engine`), if not empty.
+    /// Only these sections (`rt`, `overhead`, `contention`, `scale`,
+    /// `handover`, `engine`), if not empty.
     pub sections: Vec<String>,
 }
 
@@ -70,6 +80,7 @@ struct Results {
     overhead: Option<Overhead>,
     contention: Vec<Contention>,
     scale: Vec<Scale>,
+    handover: Option<Handover>,
 }
 
 /// Which counter a target's requests land in.
@@ -132,7 +143,13 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         (Target::MySql(my_table), Which::MySql),
         (Target::Sqlite(sqlite), Which::None),
         (
-            Target::Redis(Redis::new(redis_pool.clone()), redis_pool),
+            // With its subscription, as the docs recommend: waiters learn of
+            // releases by `PUBLISH` (the hand-over section).
+            Target::Redis(
+                Redis::new(redis_pool.clone())
+                    .with_pubsub(redis::Client::open(servers.redis.url())?),
+                redis_pool,
+            ),
             Which::Redis,
         ),
         (
@@ -210,6 +227,23 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             r.scale
                 .push(measure::scale(target, counter, n, batched, ttl, &run_id).await?);
         }
+        if section("handover") {
+            eprintln!("== {label}: hand-over");
+            let samples = if q {
+                handover::Samples {
+                    push: 15,
+                    poll: 8,
+                    crash: 2,
+                }
+            } else {
+                handover::Samples {
+                    push: 100,
+                    poll: 40,
+                    crash: 20,
+                }
+            };
+            r.handover = Some(handover::handover(target, &samples, &run_id).await?);
+        }
         all.push(r);
     }
     let mut engine = Vec::new();
@@ -246,6 +280,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
                     overhead: r.overhead.as_ref(),
                     contention: &r.contention,
                     scale: &r.scale,
+                    handover: r.handover.as_ref(),
                 },
                 q,
             )
@@ -565,6 +600,12 @@ fn report(
             );
         }
     }
+    handover::report(
+        &mut s,
+        options.quick,
+        all.iter()
+            .filter_map(|r| Some((r.label, r.handover.as_ref()?))),
+    );
     let _ = Stats::default();
     let unmet = checks.iter().filter(|c| !c.met()).count();
     let _ = writeln!(s, "\n### Checks\n");

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use lease_bench::{BoxError, Options, run, splice};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,engine] [--write FILE]";
+const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,handover,engine] [--write FILE]";
 
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {

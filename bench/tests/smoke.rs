@@ -53,6 +53,12 @@ async fn quick_mode_runs_and_meets_the_requirements() {
                 "server requests in the window",
                 server && backend != "PgAdvisory",
             ),
+            ("handover", "hand-over samples", true),
+            (
+                "handover",
+                "hand-over p50 with push",
+                matches!(backend, "PgTable" | "PgAdvisory" | "Redis"),
+            ),
         ];
         for (section, what, wanted) in expected {
             if wanted && !has(backend, section, what) {

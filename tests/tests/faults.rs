@@ -1,4 +1,5 @@
 //! The short fault-injection run (CI): every server backend × every fault,
+//! and the election scenarios (kill, stop, conn-kill),
 //! injected once per documented variant of the fault (at least once), with
 //! contenders in separate processes and private servers. It asserts the required zeros and timing bounds; the full run
 //! and what each number means are in `docs/RELIABILITY.md`.
@@ -40,8 +41,21 @@ fn every_backend_keeps_one_holder_and_fencing_under_faults() {
             "required properties did not hold:\n{}",
             failures.join("\n")
         );
-        // Every backend × fault ran (a silently skipped scenario is no proof).
-        let expected: usize = config.backends.iter().map(|b| b.faults().len()).sum();
+        // Every backend × fault ran, and the election scenarios (a silently
+        // skipped scenario is no proof).
+        let expected: usize = config
+            .backends
+            .iter()
+            .map(|b| {
+                let faults = b.faults();
+                faults.len()
+                    + faults
+                        .iter()
+                        .filter(|f| config.elections.contains(f))
+                        .count()
+            })
+            .sum();
         assert_eq!(report.results.len(), expected);
+        assert!(report.results.iter().any(|r| r.election));
     });
 }

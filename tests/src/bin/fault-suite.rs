@@ -5,6 +5,7 @@
 //!             [--backend pg-table|mysql-table|pg-advisory|redis]...
 //!             [--fault kill|stop|conn-kill|steal|latency|black-hole|black-hole-conn|reset|
 //!                      late-release|restart|restart-no-persistence]...
+//!             [--election FAULT]... [--no-elections] [--elections-only]
 //!             [--no-pool-ping] [--keep-tables] [--write docs/RELIABILITY.md]
 //! fault-suite worker ...   (a contender; started by the suite itself)
 //! ```
@@ -14,6 +15,11 @@
 //! replaces the generated part of a Markdown file with the report. The exit
 //! code is 1 when a required property did not hold, 2 on a usage error, 3
 //! when the run could not be done.
+//!
+//! Election scenarios (contenders run `Lease::elect`) run kill, stop and
+//! conn-kill (`--full`: also black-hole, `Fault::ELECTION`) where `--fault`
+//! selects them; `--election FAULT` (repeatable) chooses others, `--no-elections`
+//! none, `--elections-only` only them.
 //!
 //! `LEASE_FAULTS_BREAK=<word>,...` breaks the run on purpose, to show that
 //! a check can fail (see `tests/src/faults/breaks.rs`); the report says so.
@@ -44,7 +50,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => return usage(&format!("cannot find my own binary: {e}")),
     };
     let mut config = Config::short(exe);
-    let (mut backends, mut fault_list) = (Vec::new(), Vec::new());
+    let (mut backends, mut fault_list, mut elections) = (Vec::new(), Vec::new(), Vec::new());
     let mut write = None;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -52,7 +58,9 @@ fn main() -> std::process::ExitCode {
         let parsed: Result<(), String> = (|| {
             match arg.as_str() {
                 "--full" => {
-                    config.injections = Config::full(PathBuf::new()).injections;
+                    let full = Config::full(PathBuf::new());
+                    config.injections = full.injections;
+                    config.elections = full.elections;
                 }
                 "--injections" => {
                     config.injections = value()?.parse().map_err(|e| format!("{e}"))?
@@ -67,6 +75,9 @@ fn main() -> std::process::ExitCode {
                 }
                 "--backend" => backends.push(BackendKind::from_str(&value()?)?),
                 "--fault" => fault_list.push(Fault::from_str(&value()?)?),
+                "--election" => elections.push(Fault::from_str(&value()?)?),
+                "--no-elections" => config.elections.clear(),
+                "--elections-only" => config.elections_only = true,
                 "--keep-tables" => config.keep_tables = true,
                 "--no-pool-ping" => config.pool_ping = false,
                 "--write" => write = Some(PathBuf::from(value()?)),
@@ -83,6 +94,9 @@ fn main() -> std::process::ExitCode {
     }
     if !fault_list.is_empty() {
         config.faults = fault_list;
+    }
+    if !elections.is_empty() {
+        config.elections = elections;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

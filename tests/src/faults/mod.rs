@@ -14,6 +14,13 @@
 //! is analysed from those records, and from what the proxies saw, when its
 //! contenders have stopped, into a [`ScenarioResult`].
 //!
+//! *Election scenarios* ([`Config::elections`]) run the same faults with
+//! contenders that run a leader election ([`lease::Lease::elect`]) instead
+//! of a `try_acquire` loop: each term is a critical section, recorded and
+//! checked the same way (never two valid terms at once, fencing), and after
+//! every fault some contender must lead again within the takeover bound
+//! ([`Config::takeover_bound`]).
+//!
 //! Every check must be able to fail: [`breaks`] holds the deliberately
 //! broken behaviours (switched on by `LEASE_FAULTS_BREAK`) that show it.
 //!
@@ -188,6 +195,10 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The faults of the election scenarios ([`Config::elections`]): the
+    /// holder killed, paused, its connections killed, its link cut.
+    pub const ELECTION: [Fault; 4] = [Fault::Kill, Fault::Stop, Fault::ConnKill, Fault::BlackHole];
+
     /// Every fault, in report order.
     pub const ALL: [Fault; 11] = [
         Fault::Kill,
@@ -286,6 +297,12 @@ pub struct Config {
     /// The contenders' sqlx pools ping a connection before handing it out
     /// (`test_before_acquire`, sqlx's default): a second round trip per call.
     pub pool_ping: bool,
+    /// Faults also run as *election scenarios* (contenders run
+    /// `Lease::elect`), on every backend they apply to, when they are in
+    /// [`faults`](Config::faults) too.
+    pub elections: Vec<Fault>,
+    /// Run only the election scenarios.
+    pub elections_only: bool,
 }
 
 impl Config {
@@ -304,7 +321,32 @@ impl Config {
             keep_tables: false,
             progress: true,
             pool_ping: true,
+            // The full run adds `black-hole` (CI's time).
+            elections: vec![Fault::Kill, Fault::Stop, Fault::ConnKill],
+            elections_only: false,
         }
+    }
+
+    /// The scenarios of this run: `(backend, fault, election)`, in report order.
+    pub fn scenarios(&self) -> Vec<(BackendKind, Fault, bool)> {
+        let mut out = Vec::new();
+        for &backend in &self.backends {
+            let faults = || {
+                backend
+                    .faults()
+                    .into_iter()
+                    .filter(|f| self.faults.contains(f))
+            };
+            if !self.elections_only {
+                out.extend(faults().map(|f| (backend, f, false)));
+            }
+            out.extend(
+                faults()
+                    .filter(|f| self.elections.contains(f))
+                    .map(|f| (backend, f, true)),
+            );
+        }
+        out
     }
 
     /// Injections of `fault` in this run: [`injections`](Config::injections),
@@ -319,10 +361,12 @@ impl Config {
         self.injections.max(variants)
     }
 
-    /// The full run documented in `docs/RELIABILITY.md`: ten injections each.
+    /// The full run documented in `docs/RELIABILITY.md`: ten injections
+    /// each, and every fault of [`Fault::ELECTION`] as an election scenario.
     pub fn full(worker_exe: PathBuf) -> Self {
         Self {
             injections: 10,
+            elections: Fault::ELECTION.to_vec(),
             ..Self::short(worker_exe)
         }
     }
@@ -413,6 +457,8 @@ pub struct ScenarioResult {
     pub backend: BackendKind,
     /// The fault.
     pub fault: Fault,
+    /// An election scenario: the contenders ran `Lease::elect`.
+    pub election: bool,
     /// The lease's ttl.
     pub ttl: Duration,
     /// Injections that landed while the victim held the lease.
@@ -472,6 +518,15 @@ pub struct ScenarioResult {
 }
 
 impl ScenarioResult {
+    /// The fault's name, and `(election)` for an election scenario.
+    pub fn fault_label(&self) -> String {
+        if self.election {
+            format!("{} (election)", self.fault.as_str())
+        } else {
+            self.fault.as_str().to_owned()
+        }
+    }
+
     /// A revocation (see [`Fault::revokes`]): overlaps are reported, bounded, not required to be zero.
     pub fn revocation(&self) -> bool {
         self.fault.revokes(self.backend)
@@ -604,11 +659,8 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
     }
 
     let mut results = Vec::new();
-    for &backend in &config.backends {
-        for fault in backend.faults() {
-            if !config.faults.contains(&fault) {
-                continue;
-            }
+    for (backend, fault, election) in config.scenarios() {
+        {
             let server = match (backend, fault) {
                 (BackendKind::PgTable | BackendKind::PgAdvisory, _) => servers.pg.as_mut(),
                 (BackendKind::MySqlTable, _) => servers.mariadb.as_mut(),
@@ -620,7 +672,7 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
             .ok_or_else(|| RunError::Failed("BUG: no server for a backend".to_owned()))?;
             let began = Instant::now();
             let mut scenario =
-                Scenario::new(config, backend, fault, server, checker, prefix).await?;
+                Scenario::new(config, backend, fault, election, server, checker, prefix).await?;
             let outcome = scenario.run().await;
             scenario.shutdown().await;
             let result = match outcome {
@@ -629,7 +681,7 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
                     return Err(RunError::Failed(format!(
                         "{}/{}: {e}",
                         backend.as_str(),
-                        fault.as_str()
+                        result_label(fault, election)
                     )));
                 }
             };
@@ -637,7 +689,7 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
                 println!(
                     "fault-suite: {:<12} {:<23} {:>5.1}s  hits {} sections {} overlaps {} stale {}{}",
                     backend.as_str(),
-                    fault.as_str(),
+                    result_label(fault, election),
                     began.elapsed().as_secs_f64(),
                     result.hits,
                     result.sections,
@@ -660,6 +712,15 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
         checker: String::new(),
         elapsed: Duration::ZERO,
     })
+}
+
+/// `fault`, and `(election)` for an election scenario.
+fn result_label(fault: Fault, election: bool) -> String {
+    if election {
+        format!("{} (election)", fault.as_str())
+    } else {
+        fault.as_str().to_owned()
+    }
 }
 
 /// What the orchestrator knows about one contender, from its stdout.
@@ -757,6 +818,8 @@ struct Scenario<'a> {
     config: &'a Config,
     backend: BackendKind,
     fault: Fault,
+    /// The contenders run `Lease::elect`.
+    election: bool,
     server: &'a mut PrivateServer,
     checker: &'a Checker,
     prefix: &'a str,
@@ -777,11 +840,16 @@ impl<'a> Scenario<'a> {
         config: &'a Config,
         backend: BackendKind,
         fault: Fault,
+        election: bool,
         server: &'a mut PrivateServer,
         checker: &'a Checker,
         prefix: &'a str,
     ) -> Result<Scenario<'a>, RunError> {
-        let key = format!("{}/{}", backend.as_str(), fault.as_str());
+        let key = format!(
+            "{}/{}",
+            backend.as_str(),
+            result_label(fault, election).replace(' ', "-")
+        );
         checker
             .add_resource(&key)
             .await
@@ -797,6 +865,7 @@ impl<'a> Scenario<'a> {
             config,
             backend,
             fault,
+            election,
             server,
             checker,
             prefix,
@@ -842,6 +911,7 @@ impl<'a> Scenario<'a> {
             (ttl / 4, ttl * 2),
             Duration::from_secs(600),
             self.config.pool_ping,
+            self.election,
         );
         let mut child = Command::new(&self.config.worker_exe)
             .arg("worker")
@@ -1478,7 +1548,7 @@ impl<'a> Scenario<'a> {
                 s.t_granted = self.proxies[slot].last_reply_between(s.t_req, s.t_start);
             }
         }
-        Ok(analyse(
+        let mut result = analyse(
             self.config,
             self.backend,
             self.fault,
@@ -1487,7 +1557,60 @@ impl<'a> Scenario<'a> {
             &sections,
             &writes,
             &resource,
-        ))
+        );
+        if self.election {
+            result.election = true;
+            leader_again(
+                self.config,
+                self.backend,
+                &self.killed,
+                events,
+                &sections,
+                &mut result,
+            );
+        }
+        Ok(result)
+    }
+}
+
+/// Election scenarios: after every landed injection, someone leads again
+/// within [`Config::takeover_bound`] of the fault's end — a section other
+/// than the victim's section at the fault is valid at some instant of that
+/// window, or the victim's section is still valid at its end (the lease was
+/// kept).
+fn leader_again(
+    config: &Config,
+    backend: BackendKind,
+    killed: &HashMap<String, i64>,
+    events: &[Event],
+    sections: &[Section],
+    r: &mut ScenarioResult,
+) {
+    let bound = config.takeover_bound(backend);
+    for e in events.iter().filter(|e| e.missed.is_none()) {
+        let Some(victim) = e.victim.as_deref() else {
+            continue;
+        };
+        let at_fault = section_at(sections, victim, e.t);
+        let lifted = e.t_lifted.unwrap_or(e.t);
+        let until = lifted + us(bound);
+        let is_at_fault = |s: &Section| at_fault.is_some_and(|a| std::ptr::eq(a, s));
+        let led = sections.iter().any(|s| {
+            let Some(end) = valid_until(s, killed, config.ttl) else {
+                return false;
+            };
+            if is_at_fault(s) {
+                end >= until
+            } else {
+                valid_from(s) <= until && end >= e.t
+            }
+        });
+        if !led {
+            r.failures.push(format!(
+                "election: nobody led within {bound:?} after the fault ended (injection at {} µs)",
+                e.t
+            ));
+        }
     }
 }
 
@@ -1539,6 +1662,7 @@ fn analyse(
     let mut r = ScenarioResult {
         backend,
         fault,
+        election: false,
         ttl,
         hits: 0,
         misses: 0,

@@ -89,7 +89,7 @@ impl Report {
             .flat_map(|r| {
                 r.failures
                     .iter()
-                    .map(move |f| format!("{}/{}: {f}", r.backend.as_str(), r.fault.as_str()))
+                    .map(move |f| format!("{}/{}: {f}", r.backend.as_str(), r.fault_label()))
             })
             .collect()
     }
@@ -190,7 +190,7 @@ impl Report {
                 format!(
                     "- {}/{}: {}",
                     r.backend.as_str(),
-                    r.fault.as_str(),
+                    r.fault_label(),
                     parts.join("; ")
                 )
             })
@@ -289,7 +289,7 @@ impl Report {
         format!(
             "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
             r.backend.type_name(),
-            r.fault.as_str(),
+            r.fault_label(),
             r.hits,
             r.misses,
             r.completed,

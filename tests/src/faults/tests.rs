@@ -537,3 +537,61 @@ fn the_monotonic_clock_is_the_one_of_instant() {
     assert!((u - t - elapsed).abs() < 2000, "{} vs {elapsed}", u - t);
     assert_eq!(crate::monotonic_us_of(a) / 1000, t / 1000);
 }
+
+/// Election scenarios: someone must lead again within the takeover bound
+/// after each fault.
+fn leader_again_failures(
+    killed: &[(&str, i64)],
+    events: &[Event],
+    sections: &[Section],
+) -> Vec<String> {
+    let killed: HashMap<String, i64> = killed
+        .iter()
+        .map(|(h, t)| ((*h).to_owned(), t * 1000))
+        .collect();
+    let mut r = run(Fault::Kill, &[], &[], &[], &[]);
+    r.failures.clear();
+    super::leader_again(
+        &config(),
+        BackendKind::PgTable,
+        &killed,
+        events,
+        sections,
+        &mut r,
+    );
+    r.failures
+}
+
+#[test]
+fn an_election_without_a_leader_after_a_kill_fails() {
+    let mut victim = section("a", 1, 0, None);
+    victim.t_end = None;
+    // Nobody after the kill at 500 ms.
+    let failures = leader_again_failures(&[("a", 500)], &[kill_event("a", 500)], &[victim.clone()]);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    assert!(failures[0].contains("nobody led"), "{failures:?}");
+    // A takeover later than the bound (ttl + ttl/3 + slack = 1833 ms) fails too.
+    let late = section("b", 2, 500 + 2_000, Some(3_000));
+    let failures = leader_again_failures(
+        &[("a", 500)],
+        &[kill_event("a", 500)],
+        &[victim.clone(), late],
+    );
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    // One within the bound passes.
+    let next = section("b", 2, 1_600, Some(2_500));
+    let failures = leader_again_failures(&[("a", 500)], &[kill_event("a", 500)], &[victim, next]);
+    assert_eq!(failures, Vec::<String>::new());
+}
+
+#[test]
+fn an_election_whose_leader_kept_its_lease_through_the_fault_passes() {
+    // conn-kill on a table: the victim's term goes on past the bound.
+    let kept = section("a", 1, 0, Some(3_000));
+    let failures = leader_again_failures(&[], &[kill_event("a", 500)], &[kept]);
+    assert_eq!(failures, Vec::<String>::new());
+    // ... but one that ended soon after the fault, with nobody after, fails.
+    let ended = section("a", 1, 0, Some(600));
+    let failures = leader_again_failures(&[], &[kill_event("a", 500)], &[ended]);
+    assert_eq!(failures.len(), 1, "{failures:?}");
+}

@@ -2,6 +2,13 @@
 //! release against one backend, records every section in the checker, and
 //! reports to the orchestrator on stdout.
 //!
+//! With `--elect 1` it runs a leader election ([`Lease::elect`]) instead of
+//! `try_acquire`: each [`Term`] is a section; a section that ends by its
+//! length (or `end`, `stop`) resigns the election, and the next section
+//! comes from a new one; a term that is lost (the section ends because it is
+//! no longer valid) keeps the election, which contends again by itself, and
+//! its `REL` says `lost` (nothing was sent).
+//!
 //! Times are µs of [`monotonic_us`], shared by every process of the run.
 //!
 //! Lines written to stdout (one event each):
@@ -42,7 +49,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis};
-use lease::{Backend, Lease, LeaseGuard};
+use lease::{Backend, Election, Lease, LeaseGuard, Term};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Notify;
@@ -67,6 +74,7 @@ struct Args {
     section_max: Duration,
     run_for: Duration,
     pool_ping: bool,
+    elect: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -95,6 +103,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
         section_max: ms("--section-max-ms")?,
         run_for: ms("--run-for-ms")?,
         pool_ping: get("--pool-ping")? == "1",
+        // Absent: the try_acquire loop.
+        elect: get("--elect").is_ok_and(|v| v == "1"),
     })
 }
 
@@ -112,6 +122,7 @@ pub(crate) fn command_line(
     section: (Duration, Duration),
     run_for: Duration,
     pool_ping: bool,
+    elect: bool,
 ) -> Vec<String> {
     let ms = |d: Duration| d.as_millis().to_string();
     [
@@ -127,6 +138,7 @@ pub(crate) fn command_line(
         ("--section-max-ms", ms(section.1)),
         ("--run-for-ms", ms(run_for)),
         ("--pool-ping", u8::from(pool_ping).to_string()),
+        ("--elect", u8::from(elect).to_string()),
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_owned(), v])
@@ -291,17 +303,47 @@ fn say(line: &str) {
     let _ = out.flush();
 }
 
-/// Whether the holder believes its lease valid: the guard's `is_valid()`, or
-/// under the `deadline-1.2` break what that break believes.
+/// What a section holds: a lease from `try_acquire`, or an election's term.
+enum Holding {
+    Guard(LeaseGuard),
+    Term(Term),
+}
+
+impl Holding {
+    fn is_valid(&self) -> bool {
+        match self {
+            Holding::Guard(guard) => guard.is_valid(),
+            Holding::Term(term) => term.is_valid(),
+        }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Holding::Guard(guard) => guard.fencing_token(),
+            Holding::Term(term) => term.fencing_token(),
+        }
+    }
+
+    fn token(&self) -> lease::CancellationToken {
+        match self {
+            Holding::Guard(guard) => guard.token(),
+            Holding::Term(term) => term.token(),
+        }
+    }
+}
+
+/// Whether the holder believes its lease valid: the guard's (or term's)
+/// `is_valid()`, or under the `deadline-1.2` break what that break believes.
 struct Validity {
-    guard: Arc<LeaseGuard>,
+    guard: Arc<Holding>,
+    name: String,
     late_deadline: Option<Arc<LateDeadline>>,
 }
 
 impl Validity {
     fn valid(&self) -> bool {
         match &self.late_deadline {
-            Some(late) => late.valid(self.guard.name()),
+            Some(late) => late.valid(&self.name),
             None => self.guard.is_valid(),
         }
     }
@@ -418,29 +460,50 @@ async fn run(args: Args) -> Result<(), String> {
     let started = Instant::now();
     let pid = std::process::id();
     let err = |e: sqlx::Error| format!("checker: {e}");
+    // `--elect 1`: the election, while one runs, and since when it has been
+    // waited for (where its grant's answer is looked for).
+    let mut election: Option<Election> = None;
+    let mut waiting_since = monotonic_us();
 
     while !control.stop.load(Ordering::SeqCst) && started.elapsed() < args.run_for {
         if control.yield_until.load(Ordering::SeqCst) > monotonic_us() {
+            if let Some(e) = election.take() {
+                // Contend no more (it cannot lead here: its sections are over).
+                let _ = e.resign().await;
+            }
             if control.yield_unanswered.swap(false, Ordering::SeqCst) {
                 say("YIELDED");
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
             continue;
         }
-        let t_req = monotonic_us();
-        let guard = match lease.try_acquire(&args.name, args.ttl).await {
-            Ok(Some(guard)) => guard,
-            Ok(None) | Err(_) => {
-                tokio::time::sleep(
-                    rng.between(Duration::from_millis(5), Duration::from_millis(25)),
-                )
-                .await;
-                continue;
+        let (t_req, holding) = if args.elect {
+            let e = election.get_or_insert_with(|| {
+                waiting_since = monotonic_us();
+                lease.elect(&args.name, args.ttl)
+            });
+            // Short waits, so that `stop` and `yield` are seen.
+            match tokio::time::timeout(Duration::from_millis(20), e.leading()).await {
+                Ok(term) => (waiting_since, Holding::Term(term)),
+                Err(_) => continue,
+            }
+        } else {
+            let t_req = monotonic_us();
+            match lease.try_acquire(&args.name, args.ttl).await {
+                Ok(Some(guard)) => (t_req, Holding::Guard(guard)),
+                Ok(None) | Err(_) => {
+                    tokio::time::sleep(
+                        rng.between(Duration::from_millis(5), Duration::from_millis(25)),
+                    )
+                    .await;
+                    continue;
+                }
             }
         };
         let t_start = monotonic_us();
         let validity = Arc::new(Validity {
-            guard: Arc::new(guard),
+            guard: Arc::new(holding),
+            name: args.name.clone(),
             late_deadline: late_deadline.clone(),
         });
         let valid_start = validity.valid();
@@ -492,6 +555,8 @@ async fn run(args: Args) -> Result<(), String> {
         let began = Instant::now();
         let mut previous = monotonic_us();
         let mut woke = false;
+        // The section ended because the lease was no longer valid.
+        let mut lost = false;
         loop {
             let held = control.hold_until.load(Ordering::SeqCst) > monotonic_us();
             if (began.elapsed() >= length && !held)
@@ -532,6 +597,7 @@ async fn run(args: Args) -> Result<(), String> {
             previous = t;
             if !valid {
                 // Lost: a correct holder stops its work.
+                lost = true;
                 break;
             }
             end.t_last_valid = Some(t);
@@ -586,17 +652,32 @@ async fn run(args: Args) -> Result<(), String> {
         let Ok(Validity { guard, .. }) = Arc::try_unwrap(validity) else {
             return Err("BUG: the guard is still shared".to_owned());
         };
-        let Ok(guard) = Arc::try_unwrap(guard) else {
+        let Ok(holding) = Arc::try_unwrap(guard) else {
             return Err("BUG: the guard is still shared".to_owned());
         };
         let sent = monotonic_us();
-        let released = guard.release().await;
+        let released = match holding {
+            Holding::Guard(guard) => guard.release().await.is_ok(),
+            Holding::Term(_) if lost || woke => {
+                // The election contends again by itself.
+                say(&format!("REL {sent} {sent} lost"));
+                waiting_since = monotonic_us();
+                continue;
+            }
+            Holding::Term(_) => match election.take() {
+                Some(e) => e.resign().await.is_ok(),
+                None => return Err("BUG: a term without its election".to_owned()),
+            },
+        };
         say(&format!(
             "REL {sent} {} {}",
             monotonic_us(),
-            if released.is_ok() { "ok" } else { "err" }
+            if released { "ok" } else { "err" }
         ));
         tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(60))).await;
+    }
+    if let Some(e) = election.take() {
+        let _ = e.resign().await;
     }
     Ok(())
 }
