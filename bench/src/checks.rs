@@ -25,13 +25,14 @@ pub const QUICK_OVERHEAD_BOUND: f64 = 1.5;
 /// and the waiter's acquire takes one round trip.
 pub const HANDOVER_RTT_TARGET: f64 = 2.0;
 
-/// The same in the quick run (15 samples, on a machine that may be busy):
-/// on loopback a round trip is 50 to 200 µs, about the cost of the two task
-/// wake-ups between the notification and the waiter's acquire on a loaded
-/// machine (see `docs/PERFORMANCE.md`); a push that does not work costs a
-/// poll, hundreds of round trips, and one more round trip per hand-over
-/// still shows.
-pub const QUICK_HANDOVER_RTT_BOUND: f64 = 4.0;
+/// The same in the quick run (15 samples, in the smoke test a debug build,
+/// on a machine that may be busy): on loopback a round trip is 50 to 400 µs,
+/// about the cost of the task wake-ups between the notification and the
+/// waiter's acquire on a loaded machine (see `docs/PERFORMANCE.md`; a debug
+/// run measured 3.75 on `PgAdvisory`). A push that does not work costs a
+/// poll, hundreds of round trips; one more round trip per hand-over shows
+/// in the full run only.
+pub const QUICK_HANDOVER_RTT_BOUND: f64 = 6.0;
 
 /// A requirement on one number.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -492,7 +493,7 @@ mod tests {
             unmet(label, m, true)
         };
         assert_eq!(with(&handover(1.9, true), "PgTable"), Vec::<String>::new());
-        let slow = with(&handover(4.5, true), "Redis");
+        let slow = with(&handover(6.5, true), "Redis");
         assert_eq!(slow.len(), 1, "{slow:#?}");
         assert!(slow[0].contains("round trips"), "{slow:#?}");
         // The full run's target is tighter.
