@@ -47,6 +47,7 @@ use crate::servers::{PrivateServer, RedisPersistence, signal};
 pub mod breaks;
 mod checker;
 mod report;
+mod timeline;
 pub mod worker;
 
 use checker::{Checker, Section, Write};
@@ -469,6 +470,9 @@ pub struct ScenarioResult {
     pub downtimes: Vec<Duration>,
     /// Required properties that did not hold.
     pub failures: Vec<String>,
+    /// One injection drawn (`None`: none landed); the report writes it
+    /// to `img/` beside itself.
+    pub timeline: Option<crate::plots::Timeline>,
 }
 
 impl ScenarioResult {
@@ -1478,7 +1482,7 @@ impl<'a> Scenario<'a> {
                 s.t_granted = self.proxies[slot].last_reply_between(s.t_req, s.t_start);
             }
         }
-        Ok(analyse(
+        let mut result = analyse(
             self.config,
             self.backend,
             self.fault,
@@ -1487,7 +1491,18 @@ impl<'a> Scenario<'a> {
             &sections,
             &writes,
             &resource,
-        ))
+        );
+        let processes: Vec<String> = self.slots.keys().cloned().collect();
+        result.timeline = timeline::build(
+            self.config.ttl,
+            self.backend,
+            self.fault,
+            &processes,
+            &self.killed,
+            events,
+            &sections,
+        );
+        Ok(result)
     }
 }
 
@@ -1568,6 +1583,7 @@ fn analyse(
         taken_during_pause: 0,
         short_pauses: 0,
         failures: Vec::new(),
+        timeline: None,
     };
 
     // Sections that never ended must be explained by a kill.
