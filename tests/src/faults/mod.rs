@@ -774,6 +774,8 @@ struct Scenario<'a> {
     killed: HashMap<String, i64>,
     /// The slot (and so the proxy) of every holder.
     slots: HashMap<String, usize>,
+    /// When every contender process was started (for the timelines).
+    started: HashMap<String, i64>,
 }
 
 impl<'a> Scenario<'a> {
@@ -811,6 +813,7 @@ impl<'a> Scenario<'a> {
             generation: 0,
             killed: HashMap::new(),
             slots: HashMap::new(),
+            started: HashMap::new(),
         };
         for slot in 0..config.workers {
             let worker = scenario.spawn(slot).map_err(RunError::Failed)?;
@@ -828,6 +831,7 @@ impl<'a> Scenario<'a> {
             self.generation
         );
         self.slots.insert(holder.clone(), slot);
+        self.started.insert(holder.clone(), monotonic_us());
         let port = self.proxies[slot].addr().port();
         let url = match self.backend {
             BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
@@ -1492,12 +1496,11 @@ impl<'a> Scenario<'a> {
             &writes,
             &resource,
         );
-        let processes: Vec<String> = self.slots.keys().cloned().collect();
         result.timeline = timeline::build(
             self.config.ttl,
             self.backend,
             self.fault,
-            &processes,
+            &self.started,
             &self.killed,
             events,
             &sections,

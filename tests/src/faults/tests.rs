@@ -549,7 +549,18 @@ fn the_timeline_draws_the_injection_that_cost_the_lease_with_every_process() {
         killed_section,
         section(&h("w1-2"), 2, 10_840, Some(11_500)),
     ];
-    let processes: Vec<String> = ["w0-1", "w1-2", "w2-3", "w0-4"].map(h).to_vec();
+    // Three from the start, and one replacing the killed one; one more
+    // started after the window (by a later kill).
+    let processes: HashMap<String, i64> = [
+        ("w0-1", 0),
+        ("w1-2", 0),
+        ("w2-3", 0),
+        ("w0-4", 10_005_000),
+        ("w0-5", 60_000_000),
+    ]
+    .into_iter()
+    .map(|(w, t)| (h(w), t))
+    .collect();
     let killed = [(h("w0-1"), 10_005_000)].into_iter().collect();
     let missed = Event {
         missed: Some("the victim's section had ended".to_owned()),
@@ -616,7 +627,7 @@ fn no_timeline_where_no_injection_landed() {
         Duration::from_secs(1),
         BackendKind::PgTable,
         Fault::ConnKill,
-        &[],
+        &HashMap::new(),
         &HashMap::new(),
         &[missed],
         &[section("a", 1, 900, Some(1_500))],
@@ -645,7 +656,7 @@ fn the_report_links_each_row_to_its_timeline_and_writes_it_beside_itself() {
         Duration::from_secs(1),
         BackendKind::PgTable,
         Fault::Kill,
-        &[],
+        &HashMap::new(),
         &killed_us,
         &events,
         &sections,

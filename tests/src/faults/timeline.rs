@@ -94,12 +94,13 @@ fn order(holder: &str) -> (u32, u32) {
 }
 
 /// The timeline of one injection of this scenario, if one landed;
-/// `processes` are the holders of every contender process it started.
+/// `processes` are the holders of every contender process it started, with
+/// when it was started.
 pub(super) fn build(
     ttl: Duration,
     backend: BackendKind,
     fault: Fault,
-    processes: &[String],
+    processes: &HashMap<String, i64>,
     killed: &HashMap<String, i64>,
     events: &[Event],
     sections: &[Section],
@@ -146,7 +147,8 @@ pub(super) fn build(
         _ => e.t_lifted,
     };
     let after = [
-        lifted,
+        // black-hole-conn: when the victim had acquired again.
+        e.t_lifted,
         takeover.map(|s| s.t_start),
         victim_section.and_then(|s| s.t_cancel).filter(|&t| ours(t)),
         victim_section.and_then(|s| s.wake_t).filter(|&t| ours(t)),
@@ -159,24 +161,24 @@ pub(super) fn build(
     let from = e.t - ttl_us * 6 / 10;
     let to = (after + ttl_us * 6 / 10).min(next(i)).min(e.t + 8 * ttl_us);
 
-    // Every process alive in the window (a killed one until its kill),
-    // whether it held the lease or not.
+    // Every process alive in the window: started before it ends, and not
+    // killed before it begins.
     let mut holders: Vec<&str> = processes
         .iter()
-        .map(String::as_str)
-        .chain(sections.iter().map(|s| s.holder.as_str()))
-        .chain(std::iter::once(victim))
-        .filter(|h| killed.get(*h).is_none_or(|&k| k > from))
-        .filter(|h| {
-            // Started before the window ends: its first section, or a process
-            // started to replace a killed one (after that kill).
+        .filter(|&(h, &t)| t < to && killed.get(h).is_none_or(|&k| k > from))
+        .map(|(h, _)| h.as_str())
+        .chain(
             sections
                 .iter()
-                .filter(|s| s.holder == *h)
-                .map(|s| s.t_req)
-                .min()
-                .is_none_or(|t| t < to)
-        })
+                .filter(|s| {
+                    s.t_start < to
+                        && s.t_end
+                            .or_else(|| killed.get(&s.holder).copied())
+                            .is_none_or(|e| e > from)
+                })
+                .map(|s| s.holder.as_str()),
+        )
+        .chain(std::iter::once(victim))
         .collect();
     holders.sort_by_key(|h| order(h));
     holders.dedup();
