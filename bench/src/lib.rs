@@ -35,10 +35,12 @@ use lease::backend::{MySqlTable, PgAdvisory, Redis, SqliteTable};
 
 mod checks;
 mod measure;
+mod plots;
 mod servers;
 mod targets;
 
 pub use checks::{Check, OVERHEAD_TARGET, QUICK_OVERHEAD_BOUND, Required};
+pub use plots::{Plot, write as write_plots};
 
 use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
 pub use servers::Unavailable;
@@ -90,6 +92,9 @@ pub struct Report {
     /// Every required property checked against the numbers (round trips
     /// per operation, batching, overhead, contention, scale), met or not.
     pub checks: Vec<Check>,
+    /// The plots the tables embed (`--write FILE` writes them beside FILE,
+    /// [`write_plots`]).
+    pub plots: Vec<Plot>,
 }
 
 impl Report {
@@ -254,6 +259,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
     Ok(Report {
         markdown: report(options, &machine, &all, &engine, &checks),
         checks,
+        plots: plots::plots(&all),
     })
 }
 
@@ -467,6 +473,9 @@ fn report(
             );
         }
     }
+    if all.iter().any(|r| r.overhead.is_some()) {
+        plots::embed(&mut s, plots::OVERHEAD);
+    }
 
     let _ = writeln!(s, "\n### Contention: 64 contenders\n");
     let _ = writeln!(
@@ -545,6 +554,9 @@ fn report(
                 c.acquire_secs
             );
         }
+    }
+    if all.iter().any(|r| !r.scale.is_empty()) {
+        plots::embed(&mut s, plots::SCALE);
     }
     if !engine.is_empty() {
         let _ = writeln!(s, "\n### The engine alone (in-memory backend)\n");

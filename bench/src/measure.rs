@@ -316,6 +316,8 @@ pub(crate) struct Overhead {
     pub(crate) with_lease: Stats,
     pub(crate) singleton: Stats,
     pub(crate) sqlx_lock: Option<Stats>,
+    /// Every floor and `with_lease` sample, for the plot of their spread.
+    pub(crate) samples: (Vec<Duration>, Vec<Duration>),
 }
 
 /// `#[singleton]` on an empty body, on the `Lease` passed in.
@@ -392,6 +394,7 @@ pub(crate) async fn overhead(
         with_lease: Stats::of(&mut wl),
         singleton: Stats::of(&mut sg),
         sqlx_lock: advisory.then(|| Stats::of(&mut sq)),
+        samples: (floor, wl),
     })
 }
 

@@ -3,7 +3,7 @@
 //! fault-injection suite with what it is built from: private servers that a
 //! test may crash ([`servers`]), a fault-injecting TCP proxy ([`proxy`]) and
 //! the suite itself ([`faults`], run by the `fault-suite` binary and by
-//! `tests/faults.rs`).
+//! `tests/faults.rs`); and the pictures of `docs/` ([`plots`]).
 //!
 //! Tests that need a server call [`postgres`], [`mysql`] or [`redis()`] first
 //! and return early on `None`:
@@ -26,6 +26,7 @@
 //! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
 pub mod faults;
+pub mod plots;
 pub mod proxy;
 pub mod servers;
 

@@ -47,6 +47,7 @@ use crate::servers::{PrivateServer, RedisPersistence, signal};
 pub mod breaks;
 mod checker;
 mod report;
+mod timeline;
 pub mod worker;
 
 use checker::{Checker, Section, Write};
@@ -469,6 +470,9 @@ pub struct ScenarioResult {
     pub downtimes: Vec<Duration>,
     /// Required properties that did not hold.
     pub failures: Vec<String>,
+    /// One injection drawn (`None`: none landed); the report writes it
+    /// to `img/` beside itself.
+    pub timeline: Option<crate::plots::Timeline>,
 }
 
 impl ScenarioResult {
@@ -770,6 +774,8 @@ struct Scenario<'a> {
     killed: HashMap<String, i64>,
     /// The slot (and so the proxy) of every holder.
     slots: HashMap<String, usize>,
+    /// When every contender process was started (for the timelines).
+    started: HashMap<String, i64>,
 }
 
 impl<'a> Scenario<'a> {
@@ -807,6 +813,7 @@ impl<'a> Scenario<'a> {
             generation: 0,
             killed: HashMap::new(),
             slots: HashMap::new(),
+            started: HashMap::new(),
         };
         for slot in 0..config.workers {
             let worker = scenario.spawn(slot).map_err(RunError::Failed)?;
@@ -824,6 +831,7 @@ impl<'a> Scenario<'a> {
             self.generation
         );
         self.slots.insert(holder.clone(), slot);
+        self.started.insert(holder.clone(), monotonic_us());
         let port = self.proxies[slot].addr().port();
         let url = match self.backend {
             BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
@@ -1506,7 +1514,7 @@ impl<'a> Scenario<'a> {
                 s.t_granted = self.proxies[slot].last_reply_between(s.t_req, s.t_start);
             }
         }
-        Ok(analyse(
+        let mut result = analyse(
             self.config,
             self.backend,
             self.fault,
@@ -1515,7 +1523,17 @@ impl<'a> Scenario<'a> {
             &sections,
             &writes,
             &resource,
-        ))
+        );
+        result.timeline = timeline::build(
+            self.config.ttl,
+            self.backend,
+            self.fault,
+            &self.started,
+            &self.killed,
+            events,
+            &sections,
+        );
+        Ok(result)
     }
 }
 
@@ -1596,6 +1614,7 @@ fn analyse(
         taken_during_pause: 0,
         short_pauses: 0,
         failures: Vec::new(),
+        timeline: None,
     };
 
     // Sections that never ended must be explained by a kill.
