@@ -267,7 +267,11 @@ async fn command(command: Command) -> u8 {
     };
     let store = match Store::open(&target).await {
         Err(Usage(why)) => {
-            report.say(&why);
+            if report.url.is_empty() {
+                report.say(&why);
+            } else {
+                report.say(&format!("{why} (URL {})", report.url));
+            }
             return exit::CONFIG;
         }
         Ok(Err(e)) => {

@@ -539,6 +539,10 @@ async fn an_unusable_url_exits_78_without_the_password() {
     let url = format!("postgresql+tcp://app:{SECRET}@db.example/app");
     let (code, _, err) = output(lease_at(&url, &["list"])).await;
     assert_eq!(code, 78, "{err}");
+    assert!(
+        err.contains("app:***@db.example"),
+        "the URL is shown: {err}"
+    );
     assert!(!err.contains(SECRET), "{err}");
     let (code, _, err) = output(lease_at("", &["list"])).await;
     assert_eq!(code, 78, "{err}");
