@@ -193,44 +193,37 @@ fn with_table<D: lease::backend::Dialect>(
 }
 
 impl Backend for Store {
-    fn acquire(
+    async fn acquire(
         &self,
         name: &str,
         holder: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<Option<Grant>, Error>> + Send {
-        async move { each!(self, b => b.acquire(name, holder, ttl).await) }
+    ) -> Result<Option<Grant>, Error> {
+        each!(self, b => b.acquire(name, holder, ttl).await)
     }
 
-    fn renew(
-        &self,
-        lease: Acquisition<'_>,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, Error>> + Send {
-        async move { each!(self, b => b.renew(lease, ttl).await) }
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        each!(self, b => b.renew(lease, ttl).await)
     }
 
-    fn release(&self, lease: Acquisition<'_>) -> impl Future<Output = Result<(), Error>> + Send {
-        async move { each!(self, b => b.release(lease).await) }
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        each!(self, b => b.release(lease).await)
     }
 
-    fn renew_many(
-        &self,
-        leases: &[(Acquisition<'_>, Duration)],
-    ) -> impl Future<Output = Result<Vec<bool>, Error>> + Send {
-        async move { each!(self, b => b.renew_many(leases).await) }
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        each!(self, b => b.renew_many(leases).await)
     }
 
-    fn inspect(&self, name: &str) -> impl Future<Output = Result<Option<LeaseInfo>, Error>> + Send {
-        async move { each!(self, b => b.inspect(name).await) }
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
+        each!(self, b => b.inspect(name).await)
     }
 
-    fn list(&self) -> impl Future<Output = Result<Vec<LeaseInfo>, Error>> + Send {
-        async move { each!(self, b => b.list().await) }
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        each!(self, b => b.list().await)
     }
 
-    fn force_release(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send {
-        async move { each!(self, b => b.force_release(name).await) }
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        each!(self, b => b.force_release(name).await)
     }
 
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {

@@ -450,10 +450,11 @@ impl sealed::Calls for MySqlDialect {
     }
 
     async fn list(t: Ready<'_, Self>) -> Result<Vec<(String, Info)>, sqlx::Error> {
-        let rows: Vec<(Vec<u8>, Vec<u8>, i64, Option<i64>)> =
-            sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
-                .fetch_all(t.pool)
-                .await?;
+        /// Name and holder (bytes), fence, microseconds left.
+        type Row = (Vec<u8>, Vec<u8>, i64, Option<i64>);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
+            .fetch_all(t.pool)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|(name, holder, fence, left_us)| {
