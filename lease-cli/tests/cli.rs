@@ -445,6 +445,34 @@ async fn a_killed_runs_lease_is_listed_and_force_released(t: &Target) {
     signal(u32::try_from(orphan).unwrap(), "KILL");
 }
 
+/// `--wait`: a second run waits for the first to finish, then runs.
+async fn wait_runs_once_the_holder_is_done(t: &Target) {
+    let name = unique("cli-wait");
+    let mut first = t
+        .lease(&[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 1",
+        ])
+        .spawn()
+        .unwrap();
+    assert_eq!(first_line(&mut first).await, "started");
+    let (code, out, err) = t
+        .output(&[
+            "run", "--name", &name, "--ttl", "30s", "--wait", "20s", "--", "echo", "second",
+        ])
+        .await;
+    assert_eq!((code, out.trim()), (0, "second"), "{err}");
+    let (code, err) = finish(first, Duration::from_secs(10)).await;
+    assert_eq!(code, 0, "{err}");
+}
+
 /// An unreachable backend: exit 75, CMD not run, and the password of the
 /// URL nowhere in the output.
 async fn an_unreachable_backend_exits_75(t: &Target) {
@@ -496,6 +524,7 @@ macro_rules! cli_tests {
                 sigterm_is_passed_on_and_releases_at_once,
                 a_killed_runs_lease_is_listed_and_force_released,
                 an_unreachable_backend_exits_75,
+                wait_runs_once_the_holder_is_done,
             ]);
         }
     )*};
@@ -510,6 +539,54 @@ macro_rules! cli_tests {
 }
 
 cli_tests!(sqlite, postgres, mariadb, redis);
+
+/// `--advisory` (`PgAdvisory`): `show` names the holding session, `list`
+/// shows the lock by key (the name cannot be recovered from `pg_locks`),
+/// and `release --force` ends the session: the run loses its lease (76).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_locks_are_shown_and_force_released() {
+    let Some(t) = postgres().await else { return };
+    let name = unique("cli-advisory");
+    let mut run = t
+        .lease(&[
+            "run",
+            "--advisory",
+            "--name",
+            &name,
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 30",
+        ])
+        .spawn()
+        .unwrap();
+    assert_eq!(first_line(&mut run).await, "started");
+    let (code, out, err) = t.output(&["show", "--advisory", &name]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("state: held (no expiry)") && out.contains("pid "),
+        "{out}"
+    );
+    let (code, out, err) = t.output(&["list", "--advisory"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains('#'), "{out}");
+    assert!(err.contains("keys, not names"), "{err}");
+    let (code, out, err) = t.output(&["release", "--force", "--advisory", &name]).await;
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("released {name}").as_str()),
+        "{err}"
+    );
+    // ttl/3 + kill-after + slack.
+    let (code, err) = finish(run, Duration::from_secs(1 + 1 + 5)).await;
+    assert_eq!(code, 76, "{err}");
+    let (code, _, _) = t.output(&["show", "--advisory", &name]).await;
+    assert_eq!(code, 1);
+}
 
 // ------------------------------------------------------------ no backend
 
