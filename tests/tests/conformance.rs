@@ -1695,6 +1695,90 @@ where
     fresh.drop_table().await;
 }
 
+// ------------------------------- properties of operating: list, force_release
+
+/// `force_release` ends a held lease whoever holds it: the holder's token
+/// is cancelled at its next renewal, the next acquisition gets a larger
+/// fencing token (the counter is kept), and a free name answers `false`.
+async fn force_release_evicts_the_holder_and_keeps_the_fence<S: Subject>(s: &S) {
+    let name = unique("forced");
+    let ttl = ms(1_500);
+    let holder = lease(s, "holder-a");
+    let guard = holder.try_acquire(&name, ttl).await.unwrap().expect("free");
+    let evicted = guard.fencing_token();
+    let b = s.backend();
+    assert!(
+        b.force_release(&name).await.expect("force_release"),
+        "it was held"
+    );
+    let forced_at = Instant::now();
+    // Noticed at the next renewal: within ttl/3 plus slack for a loaded machine.
+    let bound = ttl / 3 + ms(500);
+    timeout(bound, guard.token().cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("token not cancelled within {bound:?} of the eviction"));
+    eprintln!("eviction noticed after {:?}", forced_at.elapsed());
+    assert!(!guard.is_valid());
+    assert!(
+        !b.force_release(&name).await.expect("force_release"),
+        "nothing left to release"
+    );
+    let next = acquired(&b, &name, "holder-b", LONG).await;
+    if s.caps().fencing {
+        assert!(
+            next > evicted,
+            "fence {next:?} after {evicted:?}: the counter restarted"
+        );
+    }
+    // The evicted holder's release does not end the new holder's lease.
+    guard.release().await.unwrap();
+    assert!(acquire(&b, &name, "holder-c", TTL).await.is_none());
+    assert!(b.force_release(&name).await.expect("force_release"));
+    let never = unique("forced-never");
+    assert!(!b.force_release(&never).await.expect("force_release"));
+    assert!(matches!(
+        b.force_release("").await,
+        Err(Error::InvalidName { .. })
+    ));
+}
+
+/// `list` shows every held lease with its holder; a backend that keeps
+/// released leases (with expiry and fencing) lists them as not held.
+async fn list_shows_held_and_released_leases<S: Subject>(s: &S) {
+    let (kept, freed) = (unique("listed-held"), unique("listed-freed"));
+    let b = s.backend();
+    let kept_fence = acquired(&b, &kept, "holder-a", LONG).await;
+    let freed_fence = acquired(&b, &freed, "holder-b", LONG).await;
+    release(&b, &freed, "holder-b", freed_fence).await;
+    let listed = b.list().await.expect("list");
+    let find = |name: &str| listed.iter().find(|l| l.name == name);
+    let held = find(&kept).unwrap_or_else(|| panic!("{kept} not listed"));
+    assert!(held.is_held(), "{held:?}");
+    assert_eq!(held.fencing_token, kept_fence);
+    if s.caps().fencing {
+        // `PgAdvisory` names the session instead of the holder.
+        assert_eq!(held.holder, "holder-a");
+    }
+    let inspected = b.inspect(&kept).await.expect("inspect").expect("a record");
+    assert_eq!(
+        (
+            &inspected.holder,
+            inspected.fencing_token,
+            inspected.is_held()
+        ),
+        (&held.holder, held.fencing_token, true),
+        "list and inspect agree"
+    );
+    match find(&freed) {
+        Some(info) => assert!(!info.is_held(), "{info:?}"),
+        None => assert!(
+            !(s.caps().fencing && s.caps().expires),
+            "{freed}: a backend that keeps fences keeps released leases"
+        ),
+    }
+    release(&b, &kept, "holder-a", kept_fence).await;
+}
+
 // ---------------------------------------------------------------- subjects
 
 struct MemorySubject(Memory);
@@ -2107,6 +2191,12 @@ macro_rules! conformance {
             ensure_schema_twice_and_concurrently,
         ]);
     };
+    (@operating $subject:expr) => {
+        conformance!(@tests $subject, [
+            force_release_evicts_the_holder_and_keeps_the_fence,
+            list_shows_held_and_released_leases,
+        ]);
+    };
     (@tests $subject:expr, [$($property:ident),* $(,)?]) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2133,4 +2223,18 @@ conformance!(
     redis_go_locker,
     super::redis_go_locker(),
     [every, many_leases]
+);
+
+// `Backend::list` and `Backend::force_release` (the `lease` command's
+// `list` and `release --force`).
+conformance!(memory_operating, super::memory(), [operating]);
+conformance!(sqlite_operating, super::sqlite(), [operating]);
+conformance!(postgres_operating, super::postgres(), [operating]);
+conformance!(mysql_operating, super::mysql(), [operating]);
+conformance!(pg_advisory_operating, super::pg_advisory(), [operating]);
+conformance!(redis_operating, super::redis(), [operating]);
+conformance!(
+    redis_go_locker_operating,
+    super::redis_go_locker(),
+    [operating]
 );

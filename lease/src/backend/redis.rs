@@ -103,6 +103,24 @@ end
 return {value, ttl, fence}
 ";
 
+/// One step of `SCAN` (never `KEYS`, which blocks the server for the whole
+/// keyspace). ARGV: the cursor, the `MATCH` pattern, the `COUNT`. Returns
+/// the next cursor and the keys of this step, as `SCAN` does.
+const SCAN: &str = r"
+return redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3])
+";
+
+/// Force a release. KEYS: lock. ARGV: the channel of releases, the lease
+/// name. Deletes the lock whoever holds it (the fence key stays) and
+/// announces it as [`RELEASE`] does. Returns 1 if a lock was deleted.
+const FORCE_RELEASE: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
 /// Acquire in the Go locker's protocol ([`Redis::with_go_locker_protocol`]).
 /// KEYS: lock. ARGV: the token of our live acquisition of this name (`''`
 /// if none), a new random token, ttl in ms. Returns 1 if the lock now holds
@@ -137,6 +155,8 @@ struct Scripts {
     renew_many: Script,
     release: Script,
     inspect: Script,
+    scan: Script,
+    force_release: Script,
 }
 
 /// Built once: `Script::new` hashes the source for `EVALSHA`.
@@ -147,6 +167,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew_many: Script::new(RENEW_MANY),
     release: Script::new(RELEASE),
     inspect: Script::new(INSPECT),
+    scan: Script::new(SCAN),
+    force_release: Script::new(FORCE_RELEASE),
 });
 
 /// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released
@@ -354,6 +376,9 @@ pub struct Redis {
     /// with the last clone. Shared by clones.
     push: Arc<OnceLock<Push<RedisSource>>>,
 }
+
+/// The answer of [`INSPECT`]: the lock's value, its `PTTL`, the fence counter.
+type InspectAnswer = (Option<String>, i64, Option<String>);
 
 /// The token of each live acquisition, by (name, holder).
 type Tokens = HashMap<(String, String), String>;
@@ -798,6 +823,86 @@ impl Redis {
             }))
     }
 
+    /// The [`INSPECT`] script for `name`.
+    fn inspect_call(&self, name: &str) -> ScriptInvocation<'static> {
+        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
+        if self.tokens.is_none() {
+            call.key(self.fence_key(name));
+        }
+        call
+    }
+
+    /// What [`INSPECT`]'s answer says about `name` (see [`Backend::inspect`]).
+    fn lease_info(&self, name: &str, answer: &InspectAnswer) -> Option<LeaseInfo> {
+        let (value, pttl, counter) = answer;
+        let expires_in = match *pttl {
+            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+            // A lock without expiry (not one of ours): held until deleted.
+            -1 => Some(Duration::MAX),
+            _ => None,
+        };
+        match (value, self.tokens()) {
+            (Some(token), Some(tokens)) => {
+                let holder = tokens
+                    .iter()
+                    .find(|((n, _), t)| n == name && *t == token)
+                    .map(|((_, holder), _)| holder.clone())
+                    .unwrap_or_default();
+                Some(LeaseInfo::new(name, holder, expires_in, None))
+            }
+            (None, Some(_)) => None,
+            (Some(value), None) => {
+                let (fence, holder) = match value.split_once(':') {
+                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
+                    None => (None, value.as_str()),
+                };
+                Some(LeaseInfo::new(name, holder, expires_in, fence))
+            }
+            (None, None) => counter.as_deref().map(|counter| {
+                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
+                LeaseInfo::new(name, "", None, fence)
+            }),
+        }
+    }
+
+    /// The `MATCH` pattern of the keys under the prefix: the prefix with
+    /// the glob's special characters escaped, then `{*` in the default
+    /// layout (lock and fence keys), `*` in the Go locker's protocol.
+    fn scan_pattern(&self) -> String {
+        let mut pattern = String::with_capacity(self.prefix.len() + 2);
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str(if self.tokens.is_some() { "*" } else { "{*" });
+        pattern
+    }
+
+    /// The lease name of a key found under the prefix: in the default
+    /// layout the part between the braces of a lock key (`{prefix}{..}`)
+    /// or a fence key (`{prefix}{..}:fence`), unescaped; in the Go
+    /// locker's protocol the key without the prefix. `None` for any other key.
+    fn name_of_key(&self, key: &[u8]) -> Option<String> {
+        let rest = key.strip_prefix(self.prefix.as_bytes())?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        if self.tokens.is_some() {
+            return (!rest.is_empty()).then(|| rest.to_owned());
+        }
+        let inner = rest.strip_prefix('{')?;
+        let (escaped, tail) = inner.split_once('}')?;
+        if !(tail.is_empty() || tail == ":fence") || escaped.is_empty() {
+            return None;
+        }
+        let name = escaped
+            .replace("%7D", "}")
+            .replace("%7B", "{")
+            .replace("%25", "%");
+        // Only a key this layout would write for that name.
+        (self.lock_key(&name) == format!("{}{{{escaped}}}", self.prefix)).then_some(name)
+    }
+
     /// The renewal of `lease` for `ttl_ms`, or `None` if it has no fencing
     /// token (every grant of this backend has one, so it cannot be ours).
     fn renew_call(&self, lease: Acquisition<'_>, ttl_ms: u32) -> Option<ScriptInvocation<'static>> {
@@ -975,45 +1080,86 @@ impl Backend for Redis {
     ///   released or expired leaves nothing: `Ok(None)`.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
-        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
-        if self.tokens.is_none() {
-            call.key(self.fence_key(name));
-        }
-        type Answer = (Option<String>, i64, Option<String>);
-        let [(value, pttl, counter)] = &self.run::<Answer>("inspect", &[call]).await?[..] else {
+        let [answer] = &self
+            .run::<InspectAnswer>("inspect", &[self.inspect_call(name)])
+            .await?[..]
+        else {
             return Err(Error::Protocol(
                 "the inspect script answered no value".to_owned(),
             ));
         };
-        let expires_in = match *pttl {
-            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
-            // A lock without expiry (not one of ours): held until deleted.
-            -1 => Some(Duration::MAX),
-            _ => None,
-        };
-        let info = match (value, self.tokens()) {
-            (Some(token), Some(tokens)) => {
-                let holder = tokens
+        Ok(self.lease_info(name, answer))
+    }
+
+    /// Every lease under the prefix: the names found by `SCAN` (never
+    /// `KEYS`) with `MATCH` on the prefix, a step of up to 1,000 keys per
+    /// round trip, then each as [`inspect`](Backend::inspect) answers it
+    /// (its scripts sent together, pipelined), in the order `SCAN` found
+    /// them.
+    ///
+    /// - **Default layout**: the lock keys and the fence keys under the
+    ///   prefix ([Keys](Redis#keys)) name the leases, so a name once
+    ///   acquired is listed as long as its fence key lives, held or not
+    ///   (released ones with an empty `holder`, as `inspect` answers).
+    /// - **Go locker's protocol**: every key under the prefix is taken for
+    ///   a lock (the protocol's keys are `{prefix}{name}`, nothing marks
+    ///   them), so give it a prefix of its own; only live locks exist.
+    ///
+    /// `SCAN` may return a key twice (names are listed once) and misses no
+    /// key that lived through the whole scan; a lease taken or released
+    /// during it may or may not be listed.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        const STEP: u32 = 1000;
+        let pattern = self.scan_pattern();
+        let mut names: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut call = SCRIPTS.scan.prepare_invoke();
+            call.arg(&cursor).arg(&pattern).arg(STEP);
+            let [(next, keys)] = &self.run::<(String, Vec<Vec<u8>>)>("list", &[call]).await?[..]
+            else {
+                return Err(Error::Protocol(
+                    "the scan script answered no value".to_owned(),
+                ));
+            };
+            for key in keys {
+                if let Some(name) = self.name_of_key(key)
+                    && seen.insert(name.clone())
+                {
+                    names.push(name);
+                }
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next.clone();
+        }
+        let mut leases = Vec::with_capacity(names.len());
+        for chunk in names.chunks(RENEW_MANY_CHUNK) {
+            let calls: Vec<_> = chunk.iter().map(|name| self.inspect_call(name)).collect();
+            let answers = self.run::<InspectAnswer>("list", &calls).await?;
+            leases.extend(
+                chunk
                     .iter()
-                    .find(|((n, _), t)| n == name && *t == token)
-                    .map(|((_, holder), _)| holder.clone())
-                    .unwrap_or_default();
-                Some(LeaseInfo::new(name, holder, expires_in, None))
-            }
-            (None, Some(_)) => None,
-            (Some(value), None) => {
-                let (fence, holder) = match value.split_once(':') {
-                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
-                    None => (None, value.as_str()),
-                };
-                Some(LeaseInfo::new(name, holder, expires_in, fence))
-            }
-            (None, None) => counter.as_deref().map(|counter| {
-                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
-                LeaseInfo::new(name, "", None, fence)
-            }),
-        };
-        Ok(info)
+                    .zip(&answers)
+                    .filter_map(|(name, answer)| self.lease_info(name, answer)),
+            );
+        }
+        Ok(leases)
+    }
+
+    /// One script: `DEL` of the lock key, whoever holds it, and the
+    /// release's `PUBLISH` if it existed. The fence key stays, so the next
+    /// acquisition gets a larger fencing token; the evicted holder's next
+    /// renewal finds no lock and reports the lease lost. In the Go
+    /// locker's protocol, the same `DEL` of `{prefix}{name}`.
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        let mut call = SCRIPTS.force_release.key(self.lock_key(name));
+        call.arg(self.release_channel()).arg(name);
+        let deleted = self.run::<i64>("force_release", &[call]).await?;
+        Ok(deleted.first() == Some(&1))
     }
 
     /// With [`with_pubsub`](Redis::with_pubsub): the release script's
