@@ -1726,6 +1726,56 @@ async fn etcd() -> Option<EtcdSubject> {
     })
 }
 
+/// `Redis` on the 3-master Redis Cluster of this test binary
+/// ([`lease_tests::clusters::redis_cluster`]), through [`Redis::cluster`];
+/// `steal` writes the lock and bumps the fence in one `MULTI` on the node of
+/// their (shared) hash slot.
+struct RedisClusterSubject {
+    backend: Redis,
+    client: ::redis::cluster::ClusterClient,
+}
+
+impl Subject for RedisClusterSubject {
+    type B = Redis;
+
+    fn backend(&self) -> Redis {
+        self.backend.clone()
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        let mut conn = self
+            .client
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        let () = ::redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(self.backend.lock_key(name))
+            .arg(thief)
+            .arg("PX")
+            .arg(60_000)
+            .ignore()
+            .cmd("INCR")
+            .arg(self.backend.fence_key(name))
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .expect("steal");
+    }
+}
+
+async fn redis_cluster() -> Option<RedisClusterSubject> {
+    let cluster = lease_tests::clusters::redis_cluster()?;
+    let backend = Redis::cluster(cluster.nodes())
+        .await
+        .expect("connect to the redis cluster");
+    Some(RedisClusterSubject {
+        backend,
+        client: ::redis::cluster::ClusterClient::new(cluster.nodes()).expect("client"),
+    })
+}
+
 // ---------------------------------------------------------------- the matrix
 
 /// `conformance!(module, subject, [groups])`: a module of `#[tokio::test]`s,
@@ -1806,3 +1856,9 @@ conformance!(
 );
 // etcd on a 3-member cluster started by this test binary.
 conformance!(etcd, super::etcd(), [every, fenced, many_leases]);
+// Redis on a 3-master Redis Cluster started by this test binary.
+conformance!(
+    redis_cluster,
+    super::redis_cluster(),
+    [every, fenced, many_leases]
+);
