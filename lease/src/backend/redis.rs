@@ -218,13 +218,18 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// many leases of one holder ([`Backend::renew_many`]) are one `EVALSHA` of
 /// a script over all their keys (up to 1,000 keys per call; larger batches
 /// are split into several calls, sent together), which tells each lease
-/// whether it was renewed. That script touches keys in many hash slots: on
-/// a Redis Cluster proxy that rejects it with `CROSSSLOT`, the renewals are
-/// sent one script per key instead, pipelined.
+/// whether it was renewed. On a Redis Cluster (`Redis::cluster`) a
+/// script's keys must share a hash slot, so the batch is split by slot: one
+/// script per slot, sent together (each to the master of its slot). A
+/// client that does not know it talks to a cluster (a pool on a cluster
+/// proxy) sends one script over many slots; when that is refused with
+/// `CROSSSLOT`, the renewals are sent one script per key instead, pipelined.
 ///
 /// # Connection
 ///
-/// The backend sends every call on one connection of its own, a
+/// The backend sends every call on one connection of its own (on a Redis
+/// Cluster, one cluster connection, which keeps a connection per node and
+/// routes each request to the master of its slot); with a pool, a
 /// [`MultiplexedConnection`] that pipelines concurrent requests (checking a
 /// connection out of the pool for each call would cost a round trip of its
 /// own: deadpool-redis checks a connection with `PING` each time it hands it
@@ -592,7 +597,7 @@ impl Redis {
         Ok(redis)
     }
 
-    /// True when the backend runs on a Redis Cluster ([`Redis::cluster`]).
+    /// True when the backend runs on a Redis Cluster (`Redis::cluster`, feature `redis-cluster`).
     pub fn is_cluster(&self) -> bool {
         match self.source {
             #[cfg(feature = "redis-cluster")]
