@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, KeyValue, LeaseTimeToLiveOptions,
-    PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
@@ -254,6 +254,101 @@ impl Etcd {
         i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
     }
 
+    /// Every lease under the prefix (one range read, then one `LeaseTimeToLive`
+    /// per key, sent together), sorted by name; as
+    /// [`inspect`](Backend::inspect) answers each. Names are the keys without
+    /// the prefix (a key that is not UTF-8 is shown lossily).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
+    pub async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        self.bounded("list", async {
+            let mut client = self.client.clone();
+            let kvs = client
+                .get(
+                    self.prefix.as_bytes(),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await?
+                .take_kvs();
+            let infos = futures_util::future::join_all(kvs.iter().map(|kv| self.info(kv))).await;
+            let mut infos: Vec<LeaseInfo> = infos.into_iter().collect::<Result<_, _>>()?;
+            infos.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(infos)
+        })
+        .await
+    }
+
+    /// End the lease on `name` now, whoever holds it: revoke the etcd lease
+    /// its key is attached to (etcd deletes the key with it). `Ok(true)` if
+    /// a lease was ended, `Ok(false)` if `name` was not held. The evicted
+    /// holder's next renewal finds its etcd lease gone (within `ttl/3`) and
+    /// its token is cancelled; the next acquisition's fencing token is
+    /// larger (revisions only grow).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
+    pub async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        self.bounded("force_release", async {
+            let Some(kv) = self.read(name).await? else {
+                return Ok(false);
+            };
+            let mut client = self.client.clone();
+            if kv.lease() == 0 {
+                // Not written by this backend (no etcd lease): delete the
+                // key iff it is still the one read.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        kv.key().to_vec(),
+                        CompareOp::Equal,
+                        kv.create_revision(),
+                    )])
+                    .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+                return Ok(client.txn(txn).await?.succeeded());
+            }
+            match client.lease_revoke(kv.lease()).await {
+                Ok(_) => Ok(true),
+                // Expired between the read and the revoke: not held.
+                // ("etcdserver: requested lease not found", gRPC NotFound.)
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.message().contains("lease not found") =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+
+    /// What [`inspect`](Backend::inspect) answers for the key `kv`.
+    async fn info(&self, kv: &KeyValue) -> Result<LeaseInfo, Error> {
+        let name = String::from_utf8_lossy(&kv.key()[self.prefix.len().min(kv.key().len())..])
+            .into_owned();
+        let expires_in = if kv.lease() == 0 {
+            None
+        } else {
+            let mut client = self.client.clone();
+            let ttl = client
+                .lease_time_to_live(kv.lease(), Some(LeaseTimeToLiveOptions::new()))
+                .await?
+                .ttl();
+            u64::try_from(ttl)
+                .ok()
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs)
+        };
+        Ok(LeaseInfo::new(
+            name,
+            String::from_utf8_lossy(kv.value()),
+            expires_in,
+            fence_of(kv),
+        ))
+    }
+
     fn leases(&self) -> MutexGuard<'_, Leases> {
         // Every update is a single insert or remove: a poisoned lock is consistent.
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
@@ -466,28 +561,10 @@ impl Backend for Etcd {
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
         self.bounded("inspect", async {
-            let Some(kv) = self.read(name).await? else {
-                return Ok(None);
-            };
-            let mut client = self.client.clone();
-            let expires_in = if kv.lease() == 0 {
-                None
-            } else {
-                let ttl = client
-                    .lease_time_to_live(kv.lease(), Some(LeaseTimeToLiveOptions::new()))
-                    .await?
-                    .ttl();
-                u64::try_from(ttl)
-                    .ok()
-                    .filter(|&s| s > 0)
-                    .map(Duration::from_secs)
-            };
-            Ok(Some(LeaseInfo::new(
-                name,
-                String::from_utf8_lossy(kv.value()),
-                expires_in,
-                fence_of(&kv),
-            )))
+            match self.read(name).await? {
+                Some(kv) => self.info(&kv).await.map(Some),
+                None => Ok(None),
+            }
         })
         .await
     }
