@@ -284,6 +284,33 @@ impl Drop for TempDb {
     }
 }
 
+/// The `main` of a test binary without libtest's harness (`harness =
+/// false`) that holds the one test `name`: just enough of libtest's
+/// command line (`args`, without the program) for `cargo test` — a name
+/// filter, `--list` and `--ignored`; other options are ignored.
+pub fn single_test(args: &[String], name: &str, test: fn()) {
+    if args.iter().any(|a| a == "--list") {
+        println!("{name}: test");
+        return;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let selected = filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    if !selected || args.iter().any(|a| a == "--ignored") {
+        println!(
+            "\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out\n"
+        );
+        return;
+    }
+    println!("\nrunning 1 test");
+    let started = std::time::Instant::now();
+    test();
+    println!("test {name} ... ok");
+    println!(
+        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// Send `tracing` output to the test's captured output (`RUST_LOG` filters it,
 /// default `warn`). Safe to call from every test.
 pub fn init_tracing() {

@@ -1069,35 +1069,7 @@ impl<'a> Scenario<'a> {
                 self.wait_takeover(&victim, ttl * 3).await;
                 event.victim = Some(victim);
             }
-            Fault::Stop => {
-                let slot = self.victim(ttl * 10).await?;
-                let pid = self.workers[slot].child.id().ok_or("victim gone")?;
-                let wakes = self.workers[slot].seen().wakes;
-                event.victim = Some(self.workers[slot].holder.clone());
-                // Variant 0: 2.5 ttl, so that the lease has surely expired
-                // and been taken over. Variant 1: 0.6 to 1.4 ttl, around the
-                // holder's local deadline.
-                let pause = if variant == 0 {
-                    ttl * 5 / 2
-                } else {
-                    ttl.mul_f64(0.6 + 0.8 * fraction())
-                };
-                event.t = monotonic_us();
-                signal(pid, "STOP");
-                tokio::time::sleep(pause).await;
-                signal(pid, "CONT");
-                event.t_lifted = Some(monotonic_us());
-                let limit = Instant::now() + Duration::from_secs(5);
-                while pause > ttl
-                    && Instant::now() < limit
-                    && self.workers[slot].seen().wakes == wakes
-                {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                if pause <= ttl {
-                    tokio::time::sleep(ttl).await;
-                }
-            }
+            Fault::Stop => return self.pauses(event).await,
             Fault::ConnKill => {
                 let slot = self.victim(ttl * 3).await?;
                 let victim = self.workers[slot].holder.clone();
@@ -1183,6 +1155,62 @@ impl<'a> Scenario<'a> {
             }
         }
         Ok(vec![event])
+    }
+
+    /// `stop`: SIGSTOP the holder, SIGCONT it after the variant's pause.
+    /// Variant 0 pauses 2.5 ttl, so that the lease has surely expired and
+    /// been taken over, and is tried up to three times until the victim
+    /// wakes *in its section*: under load, a section can end (its lease
+    /// lost to a late renewal) between choosing the victim and the pause,
+    /// and such a pause shows nothing. Variant 1 pauses 0.6 to 1.4 ttl,
+    /// around the holder's local deadline; either outcome shows something.
+    async fn pauses(&mut self, event: Event) -> Result<Vec<Event>, String> {
+        let ttl = self.config.ttl;
+        let long = event.variant == 0;
+        let mut events = Vec::new();
+        for _ in 0..3 {
+            let mut event = Event {
+                variant: event.variant,
+                ..Event::default()
+            };
+            let slot = self.victim(ttl * 10).await?;
+            let pid = self.workers[slot].child.id().ok_or("victim gone")?;
+            let wakes = self.workers[slot].seen().wakes;
+            event.victim = Some(self.workers[slot].holder.clone());
+            let pause = if long {
+                ttl * 5 / 2
+            } else {
+                ttl.mul_f64(0.6 + 0.8 * fraction())
+            };
+            event.t = monotonic_us();
+            signal(pid, "STOP");
+            tokio::time::sleep(pause).await;
+            signal(pid, "CONT");
+            event.t_lifted = Some(monotonic_us());
+            if !long {
+                tokio::time::sleep(ttl).await;
+                events.push(event);
+                break;
+            }
+            let limit = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < limit && self.workers[slot].seen().wakes == wakes {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let woke = self.workers[slot].seen().wakes != wakes;
+            if !woke {
+                event.missed = Some("the victim's section had ended before the pause".to_owned());
+            }
+            events.push(event);
+            if woke {
+                break;
+            }
+            // Let the contenders settle before trying again.
+            for worker in &mut self.workers {
+                worker.send("hold 0").await;
+            }
+            tokio::time::sleep(ttl).await;
+        }
+        Ok(events)
     }
 
     /// `late-release`, tried up to three times until it happens: the
