@@ -97,3 +97,41 @@ async fn a_revoked_etcd_lease_cancels_the_token() {
     assert!(!guard.is_valid());
     taken.release().await.unwrap();
 }
+
+/// An idempotent re-acquire with a longer ttl (the same holder after a
+/// restart, say) must hold the lease that long: the key moves to an etcd
+/// lease of the new ttl, keeping its fencing token. Kept on the first etcd
+/// lease, it would expire at the first ttl while the holder's local
+/// deadline is the second — two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reacquire_with_a_longer_ttl_holds_that_long() {
+    lease_tests::init_tracing();
+    let Some(etcd) = etcd().await else { return };
+    let first = etcd
+        .acquire("job", "pod-a", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let again = etcd
+        .acquire("job", "pod-a", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again.fencing_token, first.fencing_token);
+    // Past the first ttl, etcd's expiry check (500 ms) and slack.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        etcd.acquire("job", "pod-b", Duration::from_secs(10))
+            .await
+            .unwrap(),
+        None,
+        "the lease must live for the ttl of the re-acquire"
+    );
+    let info = etcd.inspect("job").await.unwrap().unwrap();
+    assert_eq!(info.holder, "pod-a");
+    assert!(
+        info.expires_in.unwrap() > Duration::from_secs(5),
+        "{info:?}"
+    );
+    assert!(etcd.force_release("job").await.unwrap());
+}

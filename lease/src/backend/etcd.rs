@@ -38,8 +38,10 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   minimum, about 1.5 election timeouts), then one transaction: if the key
 ///   does not exist, put `holder` in it attached to that lease; otherwise
 ///   read it. If the key already holds `holder` (an idempotent re-acquire),
-///   its own etcd lease is kept alive and its fencing token returned. The
-///   etcd lease granted but not used is revoked in the background. Two
+///   a second transaction moves the key to the new etcd lease (so that it
+///   lives for the ttl asked for now) keeping its `create_revision`, the
+///   fencing token, and the old etcd lease is revoked in the background.
+///   An etcd lease granted but not used is revoked in the background. Two
 ///   round trips (three for a re-acquire).
 /// - **renew**: one `LeaseKeepAlive` round trip of the acquisition's etcd
 ///   lease, which restarts its TTL (the ttl it was granted: etcd cannot
@@ -462,28 +464,48 @@ impl Etcd {
             self.remember(Acquisition::new(name, holder, Some(fence)), granted);
             return Ok(Some(Grant::new(Some(fence))));
         }
-        self.revoke_later(granted);
         let existing = response.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
             _ => None,
         });
-        let Some(kv) = existing else {
-            // Deleted between the compare and the read cannot happen within
-            // one transaction; an empty answer is a protocol violation.
-            return Err(Error::Protocol(
-                "etcd's transaction found the key but read nothing".to_owned(),
-            ));
+        let Some(kv) = existing.filter(|kv| kv.value() == holder.as_bytes()) else {
+            // Held by another holder (or, impossibly, read as absent).
+            self.revoke_later(granted);
+            return Ok(None);
         };
-        if kv.value() != holder.as_bytes() {
-            return Ok(None);
-        }
-        // Held by the same holder: an idempotent re-acquire, if its etcd
-        // lease is still alive.
+        // Held by the same holder: an idempotent re-acquire. The key moves
+        // to the new etcd lease, so that it lives for the ttl asked for now
+        // (the old lease may have been granted a shorter one); `put` keeps
+        // the key's `create_revision`, the fencing token. If the key changed
+        // in between (expired, released), nothing is acquired this time.
         let fence = positive(kv.create_revision())?;
-        if kv.lease() == 0 || !self.keep_alive(kv.lease()).await? {
+        let key = self.key(name);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
+                Compare::value(key.clone(), CompareOp::Equal, holder),
+            ])
+            .and_then([TxnOp::put(
+                key,
+                holder,
+                Some(PutOptions::new().with_lease(granted)),
+            )]);
+        let moved = match client.txn(txn).await {
+            Ok(response) => response.succeeded(),
+            Err(e) => {
+                self.revoke_later(granted);
+                return Err(e.into());
+            }
+        };
+        if !moved {
+            self.revoke_later(granted);
             return Ok(None);
         }
-        self.remember(Acquisition::new(name, holder, Some(fence)), kv.lease());
+        if kv.lease() != 0 {
+            // Nothing is attached to the old etcd lease any more.
+            self.revoke_later(kv.lease());
+        }
+        self.remember(Acquisition::new(name, holder, Some(fence)), granted);
         Ok(Some(Grant::new(Some(fence))))
     }
 }
