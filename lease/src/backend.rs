@@ -15,6 +15,7 @@
 //! | `MySqlTable` | `mysql` | MySQL `UTC_TIMESTAMP(6)` | `fence` column | ttl, release |
 //! | `PgAdvisory` | `postgres` | nothing: no expiry, ttl sets the heartbeat | none | the session's end, release |
 //! | `Redis` | `redis` | Redis `PX` | `INCR` of a companion key | ttl, release |
+//! | `Etcd` | `etcd` | an etcd lease (whole seconds) | the key's `create_revision` | ttl, release, lease revocation |
 //!
 //! A waiter ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
 //! [`Election`](crate::Election)) learns of a release by the server's push
@@ -68,6 +69,12 @@ pub use pg_advisory::PgAdvisory;
 
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod push;
+
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::Etcd;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -25,6 +25,7 @@
 //! | MySQL / MariaDB | `LEASE_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` |
 //! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
+pub mod clusters;
 pub mod faults;
 pub mod plots;
 pub mod proxy;

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lease::backend::{Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use lease::backend::{Etcd, Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
 use lease::{Acquisition, Backend, Election, Error, Grant, Leadership, Lease, Outcome, Skip};
 use lease_tests::{TempDb, unique};
 use sqlx::AssertSqlSafe;
@@ -107,6 +107,14 @@ trait Subject: Send + Sync + 'static {
     /// Behind the holder's back, make `thief` the holder of `name` with a
     /// larger fence, as an operator or a buggy peer rewriting the row would.
     fn steal(&self, name: &str, thief: &str) -> impl Future<Output = ()> + Send;
+
+    /// How long after an acquisition with `ttl` (not renewed) the server
+    /// may still hold the lease: `ttl` where the server expires exactly
+    /// (give or take its clock), longer where it rounds the ttl up (etcd:
+    /// whole seconds, and an expiry check every 500 ms).
+    fn expiry(&self, ttl: Duration) -> Duration {
+        ttl
+    }
 
     /// The thief of [`steal`](Subject::steal) lets the lease go: by
     /// default it releases it through the backend, as a holder would.
@@ -280,7 +288,7 @@ fn ms(n: u64) -> Duration {
 /// renewable by `holder` — and it is the end of the holder's session that
 /// frees it.
 async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
-    sleep(ttl + ms(400)).await; // nobody renews
+    sleep(s.expiry(ttl) + ms(400)).await; // nobody renews
     if !s.caps().expires {
         let (b, name) = (s.backend(), lease.name);
         assert!(
@@ -1014,7 +1022,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let thief = unique("thief");
     // `live_short` must still be held when the batch is sent, and expire
     // (but for the batch) soon after.
-    let short = TTL;
+    let short = TTL.max(s.expiry(ms(50)) * 2);
     let name = |what: &str| unique(&format!("renew-many-{what}"));
     let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
     let (expired, stolen, released, never, superseded) = (
@@ -1025,6 +1033,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         name("superseded"),
     );
     let f_live = acquired(&b, &live, &holder, LONG).await;
+    let t_live_short = Instant::now();
     let f_live_short = acquired(&b, &live_short, &holder, short).await;
     let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
     let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
@@ -1035,7 +1044,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let f_old = acquired(&b, &superseded, &holder, LONG).await;
     release(&b, &superseded, &holder, f_old).await;
     let f_new = acquired(&b, &superseded, &holder, LONG).await;
-    sleep(ms(200)).await; // `expired` and `stolen` expire
+    sleep(s.expiry(ms(50)) + ms(150)).await; // `expired` and `stolen` expire
     if !s.caps().expires {
         // No expiry: they end with their sessions instead (see `lapse`).
         s.end_session(&expired).await;
@@ -1075,7 +1084,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     assert!(renew(&b, &superseded, &holder, f_new, LONG).await);
 
     // `live_short` was extended past its first ttl.
-    sleep(short + ms(200)).await;
+    tokio::time::sleep_until(t_live_short + s.expiry(short) + ms(200)).await;
     assert_eq!(
         acquire(&b, &live_short, &thief, LONG).await,
         None,
@@ -1096,6 +1105,32 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         (Acquisition::new(&other_ttl, &holder, f_other_ttl), LONG),
     ];
     assert_eq!(b.renew_many(&all_ours).await.unwrap(), [true, true]);
+}
+
+// ------------------------------------------ properties of fenced backends
+
+/// A late copy of the release of an older acquisition (the network
+/// delivered it after the same holder acquired the name again) must not end
+/// the newer acquisition: release concerns one acquisition, told apart by
+/// its fencing token. (Backends without fencing tokens cannot tell the two
+/// acquisitions of one holder apart; `late_release.rs` plays the story
+/// through a fault proxy on the servers.)
+async fn a_late_release_leaves_a_newer_acquisition<S: Subject>(s: &S) {
+    assert!(s.caps().fencing, "for backends with fencing tokens");
+    let b = s.backend();
+    let name = unique("late-release");
+    let first = acquired(&b, &name, "holder-a", LONG).await;
+    release(&b, &name, "holder-a", first).await;
+    let second = acquired(&b, &name, "holder-a", LONG).await;
+    assert_ne!(first, second);
+    release(&b, &name, "holder-a", first).await; // the late copy
+    assert!(
+        renew(&b, &name, "holder-a", second, LONG).await,
+        "the newer acquisition must still be held"
+    );
+    assert_eq!(acquire(&b, &name, "holder-b", LONG).await, None);
+    release(&b, &name, "holder-a", second).await;
+    acquired(&b, &name, "holder-b", LONG).await;
 }
 
 // ------------------------------------------------- waiting and elections
@@ -2138,11 +2173,234 @@ async fn redis_go_locker() -> Option<RedisSubject> {
     })
 }
 
+/// `Etcd` on the 3-member cluster of this test binary
+/// ([`lease_tests::clusters::etcd_cluster`]).
+///
+/// The suite counts fencing tokens per name (1 for the first acquisition,
+/// one more for each later one); etcd's tokens are the key's
+/// `create_revision`, which grows with every write to the cluster. So the
+/// subject's backend is [`Ordinal`]: it passes etcd's tokens through as
+/// their rank among the tokens seen for that name, and asserts on the way
+/// that etcd's own tokens strictly grow with each acquisition. `steal`
+/// revokes the holder's etcd lease and puts the thief in the key with a
+/// lease of its own, as another client would.
+struct EtcdSubject {
+    backend: Ordinal<Etcd>,
+    client: lease::etcd_client::Client,
+}
+
+/// A backend whose fencing tokens are those of `B` ranked per name: the
+/// `n`th distinct token `B` handed out for a name is `n`. Panics if `B`
+/// hands out a token below the largest it handed out for that name (and
+/// for a token it never handed out in a renew or release).
+#[derive(Clone)]
+struct Ordinal<B> {
+    inner: B,
+    /// Per name, the tokens of `B` in the order they were seen (ascending).
+    seen: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u64>>>>,
+}
+
+impl<B> Ordinal<B> {
+    fn new(inner: B) -> Self {
+        Self {
+            inner,
+            seen: Arc::default(),
+        }
+    }
+
+    /// The rank of `raw` among the tokens of `name`, recording it if new.
+    fn rank(&self, name: &str, raw: u64) -> u64 {
+        let mut seen = self.seen.lock().unwrap();
+        let tokens = seen.entry(name.to_owned()).or_default();
+        if let Some(i) = tokens.iter().position(|&t| t == raw) {
+            return i as u64 + 1;
+        }
+        if let Some(&last) = tokens.last() {
+            assert!(
+                raw > last,
+                "{name:?}: fencing token {raw} after {last}: tokens must strictly grow"
+            );
+        }
+        tokens.push(raw);
+        tokens.len() as u64
+    }
+
+    /// The token of `B` whose rank is `rank` (none for an unknown rank: such
+    /// a token was never handed out, and matches nothing).
+    fn raw(&self, lease: Acquisition<'_>) -> Option<u64> {
+        let rank = usize::try_from(lease.fencing_token?).ok()?;
+        let seen = self.seen.lock().unwrap();
+        let tokens = seen.get(lease.name)?;
+        rank.checked_sub(1).and_then(|i| tokens.get(i)).copied()
+    }
+
+    fn unranked<'a>(&self, lease: Acquisition<'a>) -> Acquisition<'a> {
+        // An unknown rank becomes a token no acquisition has (0).
+        let raw = self.raw(lease).or(lease.fencing_token.map(|_| 0));
+        Acquisition::new(lease.name, lease.holder, raw)
+    }
+}
+
+impl<B: Backend + Clone> Backend for Ordinal<B> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        let grant = self.inner.acquire(name, holder, ttl).await?;
+        Ok(grant.map(|g| Grant::new(g.fencing_token.map(|raw| self.rank(name, raw)))))
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        self.inner.renew(self.unranked(lease), ttl).await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.inner.release(self.unranked(lease)).await
+    }
+
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        let leases: Vec<_> = leases
+            .iter()
+            .map(|&(lease, ttl)| (self.unranked(lease), ttl))
+            .collect();
+        self.inner.renew_many(&leases).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<lease::LeaseInfo>, Error> {
+        let info = self.inner.inspect(name).await?;
+        Ok(info.map(|i| {
+            let rank = i.fencing_token.map(|raw| self.rank(name, raw));
+            lease::LeaseInfo::new(i.name, i.holder, i.expires_in, rank)
+        }))
+    }
+
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.released(name, poll)
+    }
+}
+
+impl Subject for EtcdSubject {
+    type B = Ordinal<Etcd>;
+
+    fn backend(&self) -> Ordinal<Etcd> {
+        self.backend.clone()
+    }
+
+    /// etcd rounds a ttl up to whole seconds (at least 1 s on the test
+    /// cluster) and checks for expired leases every 500 ms.
+    fn expiry(&self, ttl: Duration) -> Duration {
+        Duration::from_secs(Etcd::lease_ttl_secs(ttl).unsigned_abs()) + ms(700)
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        use lease::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let mut client = self.client.clone();
+        let key = self.backend.inner.key(name);
+        let held = client.get(key.clone(), None).await.expect("get");
+        for kv in held.kvs() {
+            client.lease_revoke(kv.lease()).await.expect("revoke");
+        }
+        let lease = client.lease_grant(60, None).await.expect("grant").id();
+        let put = client
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key,
+                        thief,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]),
+            )
+            .await
+            .expect("put");
+        assert!(put.succeeded(), "the key was not free after the revoke");
+        let revision = put.header().expect("header").revision();
+        self.backend.rank(name, revision.unsigned_abs());
+    }
+}
+
+async fn etcd() -> Option<EtcdSubject> {
+    let cluster = lease_tests::clusters::etcd_cluster()?;
+    let backend = Etcd::connect(cluster.endpoints())
+        .await
+        .expect("connect to the etcd cluster")
+        .with_prefix("lease-conformance/")
+        .expect("valid");
+    Some(EtcdSubject {
+        client: backend.client().clone(),
+        backend: Ordinal::new(backend),
+    })
+}
+
+/// `Redis` on the 3-master Redis Cluster of this test binary
+/// ([`lease_tests::clusters::redis_cluster`]), through [`Redis::cluster`];
+/// `steal` writes the lock and bumps the fence in one `MULTI` on the node of
+/// their (shared) hash slot.
+struct RedisClusterSubject {
+    backend: Redis,
+    client: ::redis::cluster::ClusterClient,
+}
+
+impl Subject for RedisClusterSubject {
+    type B = Redis;
+
+    fn backend(&self) -> Redis {
+        self.backend.clone()
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            // Subscribed (`Redis::with_pubsub`, to one node): `PUBLISH`
+            // reaches subscribers on every node of the cluster.
+            pushes: true,
+            ..TABLE_LIKE
+        }
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        let mut conn = self
+            .client
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        // The next fence and the thief, as the acquire script writes them
+        // (the script's keys share a slot: it runs on that slot's master).
+        let _fence: i64 = ::redis::cmd("EVAL")
+            .arg(
+                "local f = redis.call('INCR', KEYS[2]) \
+                 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', 60000) return f",
+            )
+            .arg(2)
+            .arg(self.backend.lock_key(name))
+            .arg(self.backend.fence_key(name))
+            .arg(thief)
+            .query_async(&mut conn)
+            .await
+            .expect("steal");
+    }
+}
+
+async fn redis_cluster() -> Option<RedisClusterSubject> {
+    let cluster = lease_tests::clusters::redis_cluster()?;
+    let nodes = cluster.nodes();
+    let backend = Redis::cluster(&nodes)
+        .await
+        .expect("connect to the redis cluster")
+        .with_pubsub(::redis::Client::open(nodes[0].as_str()).expect("node url"));
+    Some(RedisClusterSubject {
+        backend,
+        client: ::redis::cluster::ClusterClient::new(cluster.nodes()).expect("client"),
+    })
+}
+
 // ---------------------------------------------------------------- the matrix
 
 /// `conformance!(module, subject, [groups])`: a module of `#[tokio::test]`s,
 /// one per property of each group, each calling `property(&subject)`.
-/// Groups: `every` (every backend), `many_leases` (thousands of leases held
+/// Groups: `every` (every backend), `fenced` (backends with fencing
+/// tokens), `many_leases` (thousands of leases held
 /// at once), `tables` (needs [`TableBackend`]).
 macro_rules! conformance {
     ($backend:ident, $subject:expr, [$($group:ident),+ $(,)?]) => {
@@ -2179,6 +2437,9 @@ macro_rules! conformance {
             an_election_hands_over_on_drop,
             an_election_contends_again_after_a_steal,
         ]);
+    };
+    (@fenced $subject:expr) => {
+        conformance!(@tests $subject, [a_late_release_leaves_a_newer_acquisition]);
     };
     (@many_leases $subject:expr) => {
         conformance!(@tests $subject, [a_batch_larger_than_a_chunk]);
@@ -2237,4 +2498,12 @@ conformance!(
     redis_go_locker_operating,
     super::redis_go_locker(),
     [operating]
+);
+// etcd on a 3-member cluster started by this test binary.
+conformance!(etcd, super::etcd(), [every, fenced, many_leases]);
+// Redis on a 3-master Redis Cluster started by this test binary.
+conformance!(
+    redis_cluster,
+    super::redis_cluster(),
+    [every, fenced, many_leases]
 );

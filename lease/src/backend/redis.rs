@@ -159,6 +159,30 @@ struct Scripts {
     force_release: Script,
 }
 
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
+/// (the part between the first `{` and the next `}`, if not empty) or of
+/// the whole key, modulo 16384.
+fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
+}
+
 /// Built once: `Script::new` hashes the source for `EVALSHA`.
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     acquire: Script::new(ACQUIRE),
@@ -216,13 +240,18 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// many leases of one holder ([`Backend::renew_many`]) are one `EVALSHA` of
 /// a script over all their keys (up to 1,000 keys per call; larger batches
 /// are split into several calls, sent together), which tells each lease
-/// whether it was renewed. That script touches keys in many hash slots: on
-/// a Redis Cluster proxy that rejects it with `CROSSSLOT`, the renewals are
-/// sent one script per key instead, pipelined.
+/// whether it was renewed. On a Redis Cluster (`Redis::cluster`) a
+/// script's keys must share a hash slot, so the batch is split by slot: one
+/// script per slot, sent together (each to the master of its slot). A
+/// client that does not know it talks to a cluster (a pool on a cluster
+/// proxy) sends one script over many slots; when that is refused with
+/// `CROSSSLOT`, the renewals are sent one script per key instead, pipelined.
 ///
 /// # Connection
 ///
-/// The backend sends every call on one connection of its own, a
+/// The backend sends every call on one connection of its own (on a Redis
+/// Cluster, one cluster connection, which keeps a connection per node and
+/// routes each request to the master of its slot); with a pool, a
 /// [`MultiplexedConnection`] that pipelines concurrent requests (checking a
 /// connection out of the pool for each call would cost a round trip of its
 /// own: deadpool-redis checks a connection with `PING` each time it hands it
@@ -360,7 +389,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// ```
 #[derive(Clone)]
 pub struct Redis {
-    pool: Pool,
+    /// Where the backend's connection comes from.
+    source: Origin,
     prefix: Arc<str>,
     timeout: Duration,
     /// The connection every call uses, taken out of `pool` on first use and
@@ -380,6 +410,61 @@ pub struct Redis {
 /// The answer of [`INSPECT`]: the lock's value, its `PTTL`, the fence counter.
 type InspectAnswer = (Option<String>, i64, Option<String>);
 
+/// Where a [`Redis`] gets its connection.
+#[derive(Clone)]
+enum Origin {
+    /// A deadpool-redis pool ([`Redis::new`]).
+    Pool(Pool),
+    /// A client the user has ([`Redis::with_client`]).
+    Client(Arc<::redis::Client>),
+    /// A Redis Cluster ([`Redis::cluster`]).
+    #[cfg(feature = "redis-cluster")]
+    Cluster(Arc<::redis::cluster::ClusterClient>),
+}
+
+/// The backend's connection: to one server, or to a Redis Cluster (which
+/// routes each request to the node of its keys' hash slot).
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(::redis::cluster_async::ClusterConnection),
+}
+
+impl ::redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// The token of each live acquisition, by (name, holder).
 type Tokens = HashMap<(String, String), String>;
 
@@ -388,7 +473,7 @@ type Tokens = HashMap<(String, String), String>;
 struct Shared {
     /// The connection in use: none before the first call and after the
     /// last one was retired.
-    current: Mutex<Option<Arc<MultiplexedConnection>>>,
+    current: Mutex<Option<Arc<Conn>>>,
     /// Held while a new connection is taken from the pool, so that the
     /// calls that find none wait for the same one instead of each taking one.
     opening: tokio::sync::Mutex<()>,
@@ -400,7 +485,7 @@ struct Shared {
 /// fails without an answer — the connection is retired ([`Redis::retire`]).
 struct InFlight<'a> {
     redis: &'a Redis,
-    conn: Arc<MultiplexedConnection>,
+    conn: Arc<Conn>,
     answered: bool,
 }
 
@@ -461,7 +546,15 @@ impl std::fmt::Debug for Redis {
             .field("go_locker_protocol", &self.tokens.is_some())
             .field("pubsub", &self.pubsub.is_some())
             .field("timeout", &self.timeout)
-            .field("pool", &self.pool.status())
+            .field(
+                "source",
+                &match &self.source {
+                    Origin::Pool(pool) => format!("pool {:?}", pool.status()),
+                    Origin::Client(_) => "client".to_owned(),
+                    #[cfg(feature = "redis-cluster")]
+                    Origin::Cluster(_) => "cluster".to_owned(),
+                },
+            )
             .finish()
     }
 }
@@ -476,8 +569,71 @@ impl Redis {
 
     /// A backend on `pool`, with the key prefix `lease:` and a 5 s timeout per call.
     pub fn new(pool: Pool) -> Self {
+        Self::from_source(Origin::Pool(pool))
+    }
+
+    /// A backend on a [`redis::Client`](::redis::Client) the application
+    /// already has (no pool): it opens its own multiplexed connection from
+    /// it, and another one when that one was retired (see
+    /// [Connection](Redis#connection)). Key prefix `lease:`, 5 s timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::Redis;
+    /// use lease::deadpool_redis::redis;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let backend = Redis::with_client(client.clone()).with_pubsub(client);
+    /// assert_eq!(backend.prefix(), "lease:");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_client(client: ::redis::Client) -> Self {
+        Self::from_source(Origin::Client(Arc::new(client)))
+    }
+
+    /// A backend on a Redis Cluster, reached through `nodes` (URLs such as
+    /// `["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]`; any of the
+    /// cluster's nodes will do, the client learns the others). It connects
+    /// once now, to fail early on a wrong address, and keeps that
+    /// connection, which routes each request to the master of its keys'
+    /// hash slot and follows `MOVED`/`ASK` redirections.
+    ///
+    /// Both keys of a lease share one hash slot ([Keys](Redis#keys)), so
+    /// every script runs on one node; [`renew_many`](Backend::renew_many)
+    /// sends one script per hash slot. Needs the feature `redis-cluster`.
+    ///
+    /// What a failover does to a held lease: see [What can lose a
+    /// lease](Redis#what-can-lose-a-lease-read-this-before-relying-on-it)
+    /// (replication to the promoted replica is asynchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] for an invalid node URL or when no node answers.
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub async fn cluster<N: AsRef<str>>(nodes: impl IntoIterator<Item = N>) -> Result<Self, Error> {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let client = ::redis::cluster::ClusterClient::new(nodes)?;
+        let conn = client.get_async_connection().await?;
+        let redis = Self::from_source(Origin::Cluster(Arc::new(client)));
+        *redis.cached() = Some(Arc::new(Conn::Cluster(conn)));
+        Ok(redis)
+    }
+
+    /// True when the backend runs on a Redis Cluster (`Redis::cluster`, feature `redis-cluster`).
+    pub fn is_cluster(&self) -> bool {
+        match self.source {
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
+    fn from_source(source: Origin) -> Self {
         Self {
-            pool,
+            source,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             conn: Arc::default(),
@@ -732,7 +888,7 @@ impl Redis {
 
     /// The backend's connection; if there is none, one taken out of the
     /// pool for good (by one caller at a time: the others wait for it).
-    async fn connection(&self) -> Result<Arc<MultiplexedConnection>, Error> {
+    async fn connection(&self) -> Result<Arc<Conn>, Error> {
         if let Some(conn) = self.cached().clone() {
             return Ok(conn);
         }
@@ -741,13 +897,20 @@ impl Redis {
             // Another call took one while this one waited.
             return Ok(conn);
         }
-        // Out of the pool: no other user of the pool sends anything on it.
-        let conn = Arc::new(deadpool_redis::Connection::take(self.pool.get().await?));
+        let conn = Arc::new(match &self.source {
+            // Out of the pool: no other user of the pool sends anything on it.
+            Origin::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(pool.get().await?)),
+            Origin::Client(client) => {
+                Conn::Single(client.get_multiplexed_async_connection().await?)
+            }
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+        });
         *self.cached() = Some(conn.clone());
         Ok(conn)
     }
 
-    fn cached(&self) -> MutexGuard<'_, Option<Arc<MultiplexedConnection>>> {
+    fn cached(&self) -> MutexGuard<'_, Option<Arc<Conn>>> {
         // Every update is a single assignment: a poisoned lock is consistent.
         self.conn.current.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -755,7 +918,7 @@ impl Redis {
     /// Never hand out `conn` again; nothing if it was retired already (a
     /// newer connection is not touched). It closes once the requests still
     /// in flight on it are done.
-    fn retire(&self, conn: &Arc<MultiplexedConnection>) {
+    fn retire(&self, conn: &Arc<Conn>) {
         let mut cached = self.cached();
         if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *cached = None;
@@ -1200,20 +1363,52 @@ impl Backend for Redis {
             }
         }
         let mut out = vec![false; leases.len()];
-        let calls: Vec<_> = ours
-            .chunks(RENEW_MANY_CHUNK)
-            .map(|chunk| {
-                let mut call = SCRIPTS.renew_many.prepare_invoke();
-                for (i, value, ttl) in chunk {
-                    call.key(self.lock_key(leases[*i].0.name))
-                        .arg(value)
-                        .arg(*ttl);
-                }
-                call
-            })
+        // On a cluster, one script per hash slot (a script's keys must share
+        // one); elsewhere one script for all. `order`: the leases of `ours`
+        // in the order of the scripts' keys.
+        let keys: Vec<String> = ours
+            .iter()
+            .map(|(i, _, _)| self.lock_key(leases[*i].0.name))
             .collect();
+        let slots: Vec<u16> = if self.is_cluster() {
+            keys.iter().map(|k| hash_slot(k)).collect()
+        } else {
+            vec![0; keys.len()]
+        };
+        let mut order: Vec<usize> = (0..ours.len()).collect();
+        order.sort_by_key(|&k| slots[k]);
+        let mut calls = Vec::new();
+        let mut group = (u16::MAX, 0);
+        for &k in &order {
+            let (_, value, ttl) = &ours[k];
+            if calls.is_empty() || group.0 != slots[k] || group.1 == RENEW_MANY_CHUNK {
+                calls.push(SCRIPTS.renew_many.prepare_invoke());
+                group = (slots[k], 0);
+            }
+            group.1 += 1;
+            calls
+                .last_mut()
+                .expect("BUG: a call was pushed")
+                .key(&keys[k])
+                .arg(value)
+                .arg(*ttl);
+        }
         let renewed: Vec<i64> = match self.run::<Vec<i64>>("renew", &calls).await {
-            Ok(renewed) => renewed.into_iter().flatten().collect(),
+            Ok(renewed) => {
+                let in_order: Vec<i64> = renewed.into_iter().flatten().collect();
+                if in_order.len() != ours.len() {
+                    return Err(Error::Protocol(format!(
+                        "the renew script answered {} results for {} leases",
+                        in_order.len(),
+                        ours.len()
+                    )));
+                }
+                let mut renewed = vec![0; ours.len()];
+                for (k, r) in order.iter().zip(in_order) {
+                    renewed[*k] = r;
+                }
+                renewed
+            }
             Err(Error::Redis(e)) if e.code() == Some("CROSSSLOT") => {
                 let calls: Vec<_> = ours
                     .iter()
@@ -1245,6 +1440,18 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    /// Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+    #[test]
+    fn hash_slots_are_redis_clusters() {
+        assert_eq!(hash_slot("123456789"), 0x31C3); // CRC16-XMODEM check value
+        assert_eq!(hash_slot("foo"), 12182);
+        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
+        assert_eq!(
+            hash_slot("lease:{report}"),
+            hash_slot("lease:{report}:fence")
+        );
+    }
 
     /// A pool that is never connected (creating one needs no server).
     fn backend() -> Redis {
