@@ -40,6 +40,7 @@ use lease::backend::{MySqlTable, PgAdvisory, Redis, SqliteTable};
 mod checks;
 mod handover;
 mod measure;
+mod plots;
 mod servers;
 mod targets;
 
@@ -47,6 +48,7 @@ pub use checks::{
     Check, HANDOVER_RTT_TARGET, OVERHEAD_TARGET, QUICK_HANDOVER_RTT_BOUND, QUICK_OVERHEAD_BOUND,
     Required,
 };
+pub use plots::{Plot, write as write_plots};
 
 use handover::Handover;
 use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
@@ -101,6 +103,9 @@ pub struct Report {
     /// Every required property checked against the numbers (round trips
     /// per operation, batching, overhead, contention, scale), met or not.
     pub checks: Vec<Check>,
+    /// The plots the tables embed (`--write FILE` writes them beside FILE,
+    /// [`write_plots`]).
+    pub plots: Vec<Plot>,
 }
 
 impl Report {
@@ -289,6 +294,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
     Ok(Report {
         markdown: report(options, &machine, &all, &engine, &checks),
         checks,
+        plots: plots::plots(&all),
     })
 }
 
@@ -502,6 +508,9 @@ fn report(
             );
         }
     }
+    if all.iter().any(|r| r.overhead.is_some()) {
+        plots::embed(&mut s, plots::OVERHEAD);
+    }
 
     let _ = writeln!(s, "\n### Contention: 64 contenders\n");
     let _ = writeln!(
@@ -580,6 +589,9 @@ fn report(
                 c.acquire_secs
             );
         }
+    }
+    if all.iter().any(|r| !r.scale.is_empty()) {
+        plots::embed(&mut s, plots::SCALE);
     }
     if !engine.is_empty() {
         let _ = writeln!(s, "\n### The engine alone (in-memory backend)\n");

@@ -1,7 +1,8 @@
 //! `cargo run -p lease-bench --release -- [--quick] [--only PgTable,Redis,...] [--write docs/PERFORMANCE.md]`
 //!
 //! Prints the report; with `--write FILE`, also puts it into FILE between
-//! `<!-- bench:begin -->` and `<!-- bench:end -->`, keeping the rest. Exits
+//! `<!-- bench:begin -->` and `<!-- bench:end -->`, keeping the rest, and
+//! the plots it embeds into `img/` beside FILE. Exits
 //! with an error (status 1) when a check is not met: the report, with its
 //! table of checks, is printed (and written) first.
 
@@ -9,7 +10,7 @@
 
 use std::process::ExitCode;
 
-use lease_bench::{BoxError, Options, run, splice};
+use lease_bench::{BoxError, Options, run, splice, write_plots};
 
 const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,handover,engine] [--write FILE]";
 
@@ -48,7 +49,8 @@ async fn main() -> Result<ExitCode, BoxError> {
     if let Some(path) = write {
         let doc = std::fs::read_to_string(&path).unwrap_or_default();
         std::fs::write(&path, splice(&doc, &report.markdown))?;
-        eprintln!("wrote {path}");
+        write_plots(&report.plots, std::path::Path::new(&path))?;
+        eprintln!("wrote {path} and its plots");
     }
     let violations = report.violations();
     for v in &violations {

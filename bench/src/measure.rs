@@ -316,6 +316,8 @@ pub(crate) struct Overhead {
     pub(crate) with_lease: Stats,
     pub(crate) singleton: Stats,
     pub(crate) sqlx_lock: Option<Stats>,
+    /// Every floor and `with_lease` sample, for the plot of their spread.
+    pub(crate) samples: (Vec<Duration>, Vec<Duration>),
 }
 
 /// `#[singleton]` on an empty body, on the `Lease` passed in.
@@ -392,6 +394,7 @@ pub(crate) async fn overhead(
         with_lease: Stats::of(&mut wl),
         singleton: Stats::of(&mut sg),
         sqlx_lock: advisory.then(|| Stats::of(&mut sq)),
+        samples: (floor, wl),
     })
 }
 
@@ -495,6 +498,10 @@ pub(crate) struct Scale {
     pub(crate) calls: u64,
     /// Leases renewed in that window (each lease should be renewed once).
     pub(crate) renewed: u64,
+    /// `renew` + `renew_many` calls the engine made while the server
+    /// counted (between the ends of its two readings), to compare with
+    /// [`server_requests`](Self::server_requests).
+    pub(crate) counted_calls: u64,
     /// Sizes of the calls in the window, with their time after the first
     /// acquisition, in ms.
     pub(crate) batches: Vec<(u128, usize)>,
@@ -555,28 +562,30 @@ pub(crate) async fn scale(
         )
         .into());
     }
+    // The engine's calls are counted from their log over the window itself;
+    // the server's count covers the time between the ends of its two
+    // readings, which take a variable time (long on a busy machine), so it
+    // is compared with the calls logged between those two instants.
     tokio::time::sleep_until((from - settle).into()).await;
     let before = counter.read().await?;
-    let (calls0, leases0, cpu0) = (
-        calls.renew_calls.load(Ordering::Relaxed),
-        calls.renewed_leases.load(Ordering::Relaxed),
-        cpu_ms(),
-    );
+    let counted_from = t0.elapsed().as_millis();
+    let cpu0 = cpu_ms();
     tokio::time::sleep_until((to - settle).into()).await;
     let after = counter.read().await?;
+    let counted_to = t0.elapsed().as_millis();
     let cpu1 = cpu_ms();
-    let calls1 = calls.renew_calls.load(Ordering::Relaxed);
-    let leases1 = calls.renewed_leases.load(Ordering::Relaxed);
     let lo = (from - t0).as_millis();
     let hi = (to - t0).as_millis();
-    let batches: Vec<(u128, usize)> = calls
-        .log
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+    let log = calls.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let batches: Vec<(u128, usize)> = log
         .iter()
         .filter(|(at, _)| (lo..hi).contains(at))
         .copied()
         .collect();
+    let counted_calls = log
+        .iter()
+        .filter(|(at, _)| (counted_from..counted_to).contains(at))
+        .count() as u64;
     let lost = guards.iter().filter(|g| !g.is_valid()).count();
     if lost > 0 {
         return Err(format!("{lost} of {n} leases were lost while held").into());
@@ -592,8 +601,9 @@ pub(crate) async fn scale(
         ttl,
         acquire_secs,
         server_requests: counter.counts().then(|| after.since(&before).total),
-        calls: calls1 - calls0,
-        renewed: leases1 - leases0,
+        calls: batches.len() as u64,
+        renewed: batches.iter().map(|&(_, n)| n as u64).sum(),
+        counted_calls,
         batches: summarize(&batches),
         cpu_ms: cpu1 - cpu0,
         rss_kib_per_lease: (rss1.saturating_sub(rss0)) as f64 / n as f64,

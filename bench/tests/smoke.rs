@@ -68,6 +68,34 @@ async fn quick_mode_runs_and_meets_the_requirements() {
     }
     assert!(missing.is_empty(), "checks that did not run: {missing:#?}");
 
+    // The plots the report embeds were drawn, with every backend, and the
+    // report shows them.
+    for path in ["img/bench-overhead.svg", "img/bench-scale.svg"] {
+        let plot = report.plots.iter().find(|p| p.path == path);
+        assert!(plot.is_some_and(|p| p.svg.starts_with("<svg")), "no {path}");
+        assert!(
+            report.markdown.contains(&format!("]({path})")),
+            "{path} not embedded"
+        );
+    }
+    let overhead = report
+        .plots
+        .iter()
+        .find(|p| p.path == "img/bench-overhead.svg")
+        .map_or("", |p| p.svg.as_str());
+    for backend in [
+        "PgTable",
+        "MySqlTable",
+        "SqliteTable",
+        "Redis",
+        "PgAdvisory",
+    ] {
+        assert!(
+            overhead.contains(backend),
+            "{backend} not in the overhead plot"
+        );
+    }
+
     // A check not met is measured once more, on its own backend and section:
     // a real regression fails both times, while one reading disturbed by
     // the machine (on MariaDB, a pooled connection opened during a counted

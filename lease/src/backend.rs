@@ -15,6 +15,7 @@
 //! | `MySqlTable` | `mysql` | MySQL `UTC_TIMESTAMP(6)` | `fence` column | ttl, release |
 //! | `PgAdvisory` | `postgres` | nothing: no expiry, ttl sets the heartbeat | none | the session's end, release |
 //! | `Redis` | `redis` | Redis `PX` | `INCR` of a companion key | ttl, release |
+//! | `Etcd` | `etcd` | an etcd lease (whole seconds) | the key's `create_revision` | ttl, release, lease revocation |
 //!
 //! A waiter ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
 //! [`Election`](crate::Election)) learns of a release by the server's push
@@ -68,6 +69,12 @@ pub use pg_advisory::PgAdvisory;
 
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod push;
+
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+mod etcd;
+#[cfg(feature = "etcd")]
+pub use etcd::Etcd;
 
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -219,6 +226,43 @@ pub trait Backend: Send + Sync + 'static {
         }
     }
 
+    /// Every lease the backend has a record of, held or not, for operators
+    /// (`lease list`): each as [`inspect`](Backend::inspect) would answer
+    /// it. The order is the backend's (the table backends sort by name).
+    ///
+    /// The default answers [`Error::Unsupported`]; see each backend for
+    /// what it can list.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], or the backend's error when it cannot be asked.
+    fn list(&self) -> impl Future<Output = Result<Vec<LeaseInfo>, Error>> + Send {
+        async { Err(Error::Unsupported { operation: "list" }) }
+    }
+
+    /// End the lease on `name` now, whoever holds it — for an operator
+    /// whose job is stuck (`lease release --force`). `Ok(true)` if a live
+    /// lease was ended, `Ok(false)` if `name` was not held.
+    ///
+    /// The fencing counter is kept: the next acquisition gets a larger
+    /// fencing token than the evicted one. The evicted holder is not told
+    /// at once: its next renewal finds the lease gone, and its token is
+    /// cancelled then (within `ttl/3` of the eviction).
+    ///
+    /// The default answers [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], or the backend's error when it cannot be asked.
+    fn force_release(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = name;
+        async {
+            Err(Error::Unsupported {
+                operation: "force_release",
+            })
+        }
+    }
+
     /// A hint for a waiter ([`Lease::acquire`](crate::Lease::acquire),
     /// elections): resolves when `name` may have been released, and after
     /// `poll` at the latest. A waiter never trusts it — it tries to acquire
@@ -237,7 +281,7 @@ pub trait Backend: Send + Sync + 'static {
     }
 }
 
-/// What a backend knows about a lease ([`Backend::inspect`]).
+/// What a backend knows about a lease ([`Backend::inspect`], [`Backend::list`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseInfo {
@@ -385,6 +429,14 @@ impl<B: Backend> Backend for Arc<B> {
         B::inspect(self, name)
     }
 
+    fn list(&self) -> impl Future<Output = Result<Vec<LeaseInfo>, Error>> + Send {
+        B::list(self)
+    }
+
+    fn force_release(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        B::force_release(self, name)
+    }
+
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         B::released(self, name, poll)
     }
@@ -409,6 +461,12 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
     fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LeaseInfo>, Error>>;
+    // Mirrored so the trait stays complete; nothing in the crate calls them
+    // through `Lease` (operators call them on the backend itself).
+    #[allow(dead_code)]
+    fn list(&self) -> BoxFuture<'_, Result<Vec<LeaseInfo>, Error>>;
+    #[allow(dead_code)]
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()>;
 }
 
@@ -443,6 +501,14 @@ impl<B: Backend> DynBackend for B {
 
     fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LeaseInfo>, Error>> {
         Box::pin(Backend::inspect(self, name))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<LeaseInfo>, Error>> {
+        Box::pin(Backend::list(self))
+    }
+
+    fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Backend::force_release(self, name))
     }
 
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()> {

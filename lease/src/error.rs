@@ -130,6 +130,13 @@ pub enum Error {
     #[error("redis pool error")]
     RedisPool(#[source] deadpool_redis::PoolError),
 
+    /// The `Etcd` backend failed: the cluster could not be reached, refused
+    /// the request (no leader, a partitioned member) or answered an error.
+    #[cfg(feature = "etcd")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+    #[error("etcd error")]
+    Etcd(#[source] etcd_client::Error),
+
     /// The lease table cannot be used as it is: it does not exist, a column
     /// is missing (for example `fence` in a table made for the Go services),
     /// or a column has a type with which leases could overlap.
@@ -249,6 +256,13 @@ impl From<sqlx::Error> for Error {
 impl From<redis::RedisError> for Error {
     fn from(e: redis::RedisError) -> Self {
         Self::Redis(e)
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl From<etcd_client::Error> for Error {
+    fn from(e: etcd_client::Error) -> Self {
+        Self::Etcd(e)
     }
 }
 

@@ -149,7 +149,7 @@
 //! - [`backend`] has the stores: [`Memory`](backend::Memory) for tests;
 //!   tables in SQLite, PostgreSQL and MySQL/MariaDB behind the features
 //!   `sqlite`, `postgres` and `mysql`; PostgreSQL advisory locks (`postgres`)
-//!   and Redis (`redis`). Its module docs compare their guarantees.
+//!   Redis (`redis`) and etcd (`etcd`). Its module docs compare their guarantees.
 //!   Implement [`Backend`] for another one.
 //! - [`Error`] is the one error type; invalid input (a name over 255 bytes, a
 //!   ttl outside [`MIN_TTL`]..=[`MAX_TTL`]) has variants of its own.
@@ -180,6 +180,8 @@
 //!   `PgTable`, `MySqlTable`) on `sqlx` (re-exported); `postgres` also
 //!   brings `PgAdvisory`.
 //! - `redis`: `Redis`, on `deadpool_redis` (re-exported).
+//! - `etcd`: `Etcd`, on `etcd_client` (re-exported; its build script needs
+//!   `protoc`, see the `Etcd` docs).
 //! - `metrics`: the metrics below, through the [`metrics`](https://docs.rs/metrics)
 //!   facade; install the exporter of your choice. Without the feature they
 //!   cost nothing.
@@ -232,6 +234,9 @@ pub use backend::{Acquisition, Backend, Grant, LeaseInfo};
 pub use deadpool_redis;
 pub use election::{Election, Leadership, Term};
 pub use error::{Error, Result};
+#[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
+pub use etcd_client;
 pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;
 pub use job::Job;

@@ -3,7 +3,7 @@
 //! fault-injection suite with what it is built from: private servers that a
 //! test may crash ([`servers`]), a fault-injecting TCP proxy ([`proxy`]) and
 //! the suite itself ([`faults`], run by the `fault-suite` binary and by
-//! `tests/faults.rs`).
+//! `tests/faults.rs`); and the pictures of `docs/` ([`plots`]).
 //!
 //! Tests that need a server call [`postgres`], [`mysql`] or [`redis()`] first
 //! and return early on `None`:
@@ -25,7 +25,9 @@
 //! | MySQL / MariaDB | `LEASE_MYSQL_URL` | `mysql://root@127.0.0.1:3306/test` |
 //! | Redis | `LEASE_REDIS_URL` | `redis://127.0.0.1:6379` |
 
+pub mod clusters;
 pub mod faults;
+pub mod plots;
 pub mod proxy;
 pub mod servers;
 
@@ -281,6 +283,33 @@ impl Drop for TempDb {
             let _ = std::fs::remove_file(file);
         }
     }
+}
+
+/// The `main` of a test binary without libtest's harness (`harness =
+/// false`) that holds the one test `name`: just enough of libtest's
+/// command line (`args`, without the program) for `cargo test` — a name
+/// filter, `--list` and `--ignored`; other options are ignored.
+pub fn single_test(args: &[String], name: &str, test: fn()) {
+    if args.iter().any(|a| a == "--list") {
+        println!("{name}: test");
+        return;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let selected = filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    if !selected || args.iter().any(|a| a == "--ignored") {
+        println!(
+            "\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out\n"
+        );
+        return;
+    }
+    println!("\nrunning 1 test");
+    let started = std::time::Instant::now();
+    test();
+    println!("test {name} ... ok");
+    println!(
+        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Send `tracing` output to the test's captured output (`RUST_LOG` filters it,

@@ -60,7 +60,7 @@ use sqlx::Connection;
 /// How long a server may take to accept connections after it was started.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Prefix of the directories of private servers in the temporary directory.
-const DIR_PREFIX: &str = "lease-servers.";
+pub(crate) const DIR_PREFIX: &str = "lease-servers.";
 
 /// What a private Redis keeps across a restart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -662,7 +662,7 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }
@@ -713,7 +713,7 @@ fn pg_bin() -> Result<PathBuf, String> {
 }
 
 /// The first of `names` found in `$var`, `extra` directories or `PATH`.
-fn binary(var: &str, names: &[&str], extra: &[&str]) -> Result<PathBuf, String> {
+pub(crate) fn binary(var: &str, names: &[&str], extra: &[&str]) -> Result<PathBuf, String> {
     if let Ok(path) = std::env::var(var) {
         return Ok(PathBuf::from(path));
     }
@@ -734,7 +734,7 @@ fn binary(var: &str, names: &[&str], extra: &[&str]) -> Result<PathBuf, String> 
 /// delete their directories. Only processes whose command line names a
 /// `lease-servers.<pid>.` directory of a process that no longer exists are
 /// touched.
-fn kill_leftovers() {
+pub(crate) fn kill_leftovers() {
     let tmp = std::env::temp_dir();
     let marker = tmp.join(DIR_PREFIX);
     let marker = marker.to_string_lossy().into_owned();

@@ -17,6 +17,12 @@
 //!   renews stays held for as long as its holder's session lives, and is
 //!   taken over once that session ends ([`Subject::end_session`], used by
 //!   [`lapse`]).
+//! - **Waking waiters and naming holders** ([`Caps`]). Where the server
+//!   pushes releases (PostgreSQL `NOTIFY`, Redis `PUBLISH` — the Redis
+//!   subjects subscribe, `Redis::with_pubsub`), a waiter must have a
+//!   released lease about one round trip after the release, faster than
+//!   any poll; elsewhere within a poll. What an election's `Following {
+//!   leader }` shows is what the backend's `inspect` can name.
 //! - **Tables** ([`TableBackend`]: `with_table`, `ensure_schema`, input
 //!   checks on direct calls). The `tables` group of properties needs them,
 //!   and the macro instantiates it for the table backends only.
@@ -38,11 +44,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lease::backend::{Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
-use lease::{Acquisition, Backend, Error, Grant, Lease, Outcome, Skip};
+use lease::backend::{Etcd, Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use lease::{Acquisition, Backend, Election, Error, Grant, Leadership, Lease, Outcome, Skip};
 use lease_tests::{TempDb, unique};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgPoolOptions;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 /// How a backend's guarantees differ from the table backends'.
@@ -57,11 +64,34 @@ struct Caps {
     /// false (`PgAdvisory`), a lease lives as long as its holder's session
     /// and ends when that session does ([`Subject::end_session`]).
     expires: bool,
+    /// The server pushes releases to waiters ([`Backend::released`]): a
+    /// waiter has a released lease about one round trip after the
+    /// release. When false, waiters poll (every `ttl/10`, at most 1 s).
+    pushes: bool,
+    /// Whom `Backend::inspect` names as the holder of a live lease, which
+    /// is what an election's `Leadership::Following { leader }` shows.
+    leader: Naming,
 }
 
+/// Whom `Backend::inspect` names as the holder of a live lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Naming {
+    /// The holder, whoever took it.
+    Holder,
+    /// The holder if it acquired through this backend value (or a clone),
+    /// else nobody: in the Go locker's protocol the lock's value is a
+    /// random token, which only the acquiring backend value can map back.
+    OwnHolders,
+    /// The server session that holds it (`PgAdvisory`: `... (pid N)`).
+    Session,
+}
+
+/// Memory, SQLite and MySQL: fencing, expiry, polling waiters.
 const TABLE_LIKE: Caps = Caps {
     fencing: true,
     expires: true,
+    pushes: false,
+    leader: Naming::Holder,
 };
 
 /// A backend under test.
@@ -77,6 +107,21 @@ trait Subject: Send + Sync + 'static {
     /// Behind the holder's back, make `thief` the holder of `name` with a
     /// larger fence, as an operator or a buggy peer rewriting the row would.
     fn steal(&self, name: &str, thief: &str) -> impl Future<Output = ()> + Send;
+
+    /// How long after an acquisition with `ttl` (not renewed) the server
+    /// may still hold the lease: `ttl` where the server expires exactly
+    /// (give or take its clock), longer where it rounds the ttl up (etcd:
+    /// whole seconds, and an expiry check every 500 ms).
+    fn expiry(&self, ttl: Duration) -> Duration {
+        ttl
+    }
+
+    /// The thief of [`steal`](Subject::steal) lets the lease go: by
+    /// default it releases it through the backend, as a holder would.
+    fn let_go(&self, name: &str, thief: &str) -> impl Future<Output = ()> + Send {
+        let (b, name, thief) = (self.backend(), name.to_owned(), thief.to_owned());
+        async move { release_as(&b, &name, &thief).await }
+    }
 
     /// For backends without expiry: end the session of whoever holds `name`
     /// (as a crash or `pg_terminate_backend` would), and return once the
@@ -165,6 +210,16 @@ table_backend!(
     "SELECT expires_at * 1000 FROM {table} WHERE name = ?1";
 );
 
+/// Release `name` as `holder`, with the fencing token `inspect` shows:
+/// what a holder that did not keep its grant would do.
+async fn release_as(b: &impl Backend, name: &str, holder: &str) {
+    let info = b.inspect(name).await.expect("inspect");
+    let fence = info.and_then(|i| i.fencing_token);
+    b.release(Acquisition::new(name, holder, fence))
+        .await
+        .unwrap_or_else(|e| panic!("{holder}'s release of {name:?}: {e}"));
+}
+
 /// The acquisition `grant` was for.
 fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
     Acquisition::new(name, holder, grant.fencing_token)
@@ -233,7 +288,7 @@ fn ms(n: u64) -> Duration {
 /// renewable by `holder` — and it is the end of the holder's session that
 /// frees it.
 async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
-    sleep(ttl + ms(400)).await; // nobody renews
+    sleep(s.expiry(ttl) + ms(400)).await; // nobody renews
     if !s.caps().expires {
         let (b, name) = (s.backend(), lease.name);
         assert!(
@@ -967,7 +1022,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let thief = unique("thief");
     // `live_short` must still be held when the batch is sent, and expire
     // (but for the batch) soon after.
-    let short = TTL;
+    let short = TTL.max(s.expiry(ms(50)) * 2);
     let name = |what: &str| unique(&format!("renew-many-{what}"));
     let (live, live_short, other_ttl) = (name("live"), name("live-short"), name("other-ttl"));
     let (expired, stolen, released, never, superseded) = (
@@ -978,6 +1033,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         name("superseded"),
     );
     let f_live = acquired(&b, &live, &holder, LONG).await;
+    let t_live_short = Instant::now();
     let f_live_short = acquired(&b, &live_short, &holder, short).await;
     let f_other_ttl = acquired(&b, &other_ttl, &holder, LONG).await;
     let f_expired = acquired(&b, &expired, &holder, ms(50)).await;
@@ -988,7 +1044,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let f_old = acquired(&b, &superseded, &holder, LONG).await;
     release(&b, &superseded, &holder, f_old).await;
     let f_new = acquired(&b, &superseded, &holder, LONG).await;
-    sleep(ms(200)).await; // `expired` and `stolen` expire
+    sleep(s.expiry(ms(50)) + ms(150)).await; // `expired` and `stolen` expire
     if !s.caps().expires {
         // No expiry: they end with their sessions instead (see `lapse`).
         s.end_session(&expired).await;
@@ -1028,7 +1084,7 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     assert!(renew(&b, &superseded, &holder, f_new, LONG).await);
 
     // `live_short` was extended past its first ttl.
-    sleep(short + ms(200)).await;
+    tokio::time::sleep_until(t_live_short + s.expiry(short) + ms(200)).await;
     assert_eq!(
         acquire(&b, &live_short, &thief, LONG).await,
         None,
@@ -1049,6 +1105,398 @@ async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
         (Acquisition::new(&other_ttl, &holder, f_other_ttl), LONG),
     ];
     assert_eq!(b.renew_many(&all_ours).await.unwrap(), [true, true]);
+}
+
+// ------------------------------------------ properties of fenced backends
+
+/// A late copy of the release of an older acquisition (the network
+/// delivered it after the same holder acquired the name again) must not end
+/// the newer acquisition: release concerns one acquisition, told apart by
+/// its fencing token. (Backends without fencing tokens cannot tell the two
+/// acquisitions of one holder apart; `late_release.rs` plays the story
+/// through a fault proxy on the servers.)
+async fn a_late_release_leaves_a_newer_acquisition<S: Subject>(s: &S) {
+    assert!(s.caps().fencing, "for backends with fencing tokens");
+    let b = s.backend();
+    let name = unique("late-release");
+    let first = acquired(&b, &name, "holder-a", LONG).await;
+    release(&b, &name, "holder-a", first).await;
+    let second = acquired(&b, &name, "holder-a", LONG).await;
+    assert_ne!(first, second);
+    release(&b, &name, "holder-a", first).await; // the late copy
+    assert!(
+        renew(&b, &name, "holder-a", second, LONG).await,
+        "the newer acquisition must still be held"
+    );
+    assert_eq!(acquire(&b, &name, "holder-b", LONG).await, None);
+    release(&b, &name, "holder-a", second).await;
+    acquired(&b, &name, "holder-b", LONG).await;
+}
+
+// ------------------------------------------------- waiting and elections
+
+/// How long a waiter has waited when the holder lets go, in the hand-over
+/// properties: long enough to have tried once and gone to sleep.
+const WAITED: Duration = Duration::from_millis(200);
+
+/// A hand-over faster than this came from a push. A polling waiter sleeps
+/// at least 0.8 of its poll (1 s for [`LONG`]) from before its first
+/// attempt, so it would have the lease 0.6 s after the release at the
+/// earliest ([`WAITED`] of its sleep was over).
+const PUSHED: Duration = Duration::from_millis(400);
+
+/// Slack for a loaded machine, on top of a poll.
+const SLACK: Duration = Duration::from_secs(1);
+
+/// The longest poll of a waiter for `ttl` (`Lease::acquire`: `ttl/10`,
+/// from 10 ms to 1 s, +20% at most).
+fn poll_max(ttl: Duration) -> Duration {
+    (ttl / 10).clamp(ms(10), ms(1_000)) * 6 / 5
+}
+
+/// How soon after a release (after [`WAITED`]) a waiter for `ttl` must
+/// have the lease on `s`: faster than any poll where the server pushes,
+/// else within a poll plus [`SLACK`] — a small part of the ttl either way.
+fn hand_over_bound<S: Subject>(s: &S, ttl: Duration) -> Duration {
+    if s.caps().pushes {
+        PUSHED
+    } else {
+        poll_max(ttl) + SLACK
+    }
+}
+
+/// What a hand-over's bound stands for, for the failure message.
+fn hand_over_kind<S: Subject>(s: &S) -> &'static str {
+    if s.caps().pushes {
+        "the server pushes releases: a polling waiter would take 0.6 s or more"
+    } else {
+        "about a poll"
+    }
+}
+
+/// Where the server pushes releases, have the subject's backend subscribe
+/// (one wait for a held lease, which answers `None`), so that the
+/// hand-overs after it are timed against a subscription that is up. A
+/// backend subscribes when its first waiter waits, and keeps the
+/// subscription until 10 s after its last one; a release while it is
+/// still connecting reaches the waiters when it is up (it wakes every
+/// waiter once) — on a loaded machine that can be a few hundred ms, which
+/// is the connect's time, not the hand-over's.
+async fn subscribe<S: Subject>(s: &S) {
+    if !s.caps().pushes {
+        return;
+    }
+    let name = unique("subscribe");
+    let held = lease(s, "holder-x")
+        .try_acquire(&name, LONG)
+        .await
+        .unwrap()
+        .expect("free");
+    let waited = lease(s, "holder-y")
+        .acquire(&name, LONG, ms(300))
+        .await
+        .unwrap();
+    assert!(waited.is_none(), "got a held lease");
+    held.release().await.unwrap();
+}
+
+/// `state` is `Following` and names `holder` as far as the backend can
+/// ([`Naming`]); `own`: `holder` acquired through the subject's backend.
+fn assert_follows<S: Subject>(s: &S, state: &Leadership, holder: &str, own: bool) {
+    let Leadership::Following { leader } = state else {
+        panic!("not following: {state:?}");
+    };
+    match s.caps().leader {
+        Naming::Holder => assert_eq!(leader.as_deref(), Some(holder), "{state:?}"),
+        Naming::OwnHolders if own => assert_eq!(leader.as_deref(), Some(holder), "{state:?}"),
+        Naming::OwnHolders => assert_eq!(*leader, None, "{state:?}"),
+        Naming::Session => assert!(
+            leader.as_deref().is_some_and(|l| l.contains("pid ")),
+            "the holding session: {state:?}"
+        ),
+    }
+}
+
+/// Watches two elections of one name until both have stopped; ends with
+/// an error the first time it sees both `Leading` (a stopped election's
+/// last state counts). A state is read again after the other one, so that
+/// a hand-over between the two reads is not taken for an overlap.
+fn never_two_leaders(a: &Election, b: &Election) -> JoinHandle<Result<(), String>> {
+    let (mut a, mut b) = (a.watch(), b.watch());
+    tokio::spawn(async move {
+        let leading = |s: &Leadership| matches!(s, Leadership::Leading { .. });
+        let (mut a_runs, mut b_runs) = (true, true);
+        while a_runs || b_runs {
+            let first = a.borrow_and_update().clone();
+            let second = b.borrow_and_update().clone();
+            if leading(&first) && leading(&second) && *a.borrow() == first {
+                return Err(format!("both lead: {first:?} and {second:?}"));
+            }
+            tokio::select! {
+                changed = a.changed(), if a_runs => a_runs = changed.is_ok(),
+                changed = b.changed(), if b_runs => b_runs = changed.is_ok(),
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The verdict of [`never_two_leaders`], once both elections have stopped.
+async fn check_one_leader(monitor: JoinHandle<Result<(), String>>) {
+    let verdict = timeout(SLACK, monitor)
+        .await
+        .expect("the elections stop after resigning");
+    verdict.unwrap().unwrap();
+}
+
+/// A waiter in `Lease::acquire` has a released lease at once: about one
+/// round trip after the release where the server pushes it, within a poll
+/// elsewhere — long before the ttl (30 s) would have freed it. Both ways
+/// between two holders.
+async fn a_waiter_has_a_released_lease_at_once<S: Subject>(s: &S) {
+    let name = unique("wait-hand-over");
+    let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
+    let bound = hand_over_bound(s, LONG);
+    subscribe(s).await;
+    let mut held = a.try_acquire(&name, LONG).await.unwrap().expect("free");
+    for (round, waiter) in [b, a].into_iter().enumerate() {
+        let wanted = name.clone();
+        let waiting = tokio::spawn(async move {
+            let got = waiter.acquire(&wanted, LONG, LONG / 2).await;
+            (got, Instant::now())
+        });
+        sleep(WAITED).await;
+        assert!(!waiting.is_finished(), "round {round}: got a held lease");
+        let before = held.fencing_token();
+        held.release().await.unwrap();
+        let released = Instant::now();
+        let (got, at) = waiting.await.unwrap();
+        held = got
+            .unwrap()
+            .expect("the waiter has the lease within its wait");
+        let took = at.saturating_duration_since(released);
+        eprintln!("round {round}: hand-over in {took:?}");
+        assert!(
+            took < bound,
+            "round {round}: the hand-over took {took:?}, not under {bound:?} ({})",
+            hand_over_kind(s)
+        );
+        if s.caps().fencing {
+            assert!(held.fencing_token() > before, "a new acquisition");
+        }
+    }
+    held.release().await.unwrap();
+}
+
+/// A wait that runs out while another holds the lease answers `None` after
+/// the wait, and changes nothing; a wait that is dropped leaves nothing
+/// behind.
+async fn a_wait_runs_out_while_another_holds<S: Subject>(s: &S) {
+    let name = unique("wait-timeout");
+    let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
+    let held = a.try_acquire(&name, LONG).await.unwrap().expect("free");
+    let wait = ms(700);
+    let started = Instant::now();
+    assert!(b.acquire(&name, LONG, wait).await.unwrap().is_none());
+    let took = started.elapsed();
+    assert!(took >= wait, "gave up after {took:?}, before its wait");
+    assert!(
+        took < wait + SLACK,
+        "gave up {took:?} after a wait of {wait:?}"
+    );
+    // A zero wait is one attempt.
+    assert!(
+        b.acquire(&name, LONG, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(held.is_valid() && !held.token().is_cancelled());
+    assert!(
+        timeout(ms(200), b.acquire(&name, LONG, LONG))
+            .await
+            .is_err()
+    );
+    held.release().await.unwrap();
+    let c = lease(s, "holder-c");
+    let g = c
+        .try_acquire(&name, LONG)
+        .await
+        .unwrap()
+        .expect("the waits left the lease to its holder, and nothing after its release");
+    if s.caps().fencing {
+        assert_eq!(g.fencing_token(), fence(s, 2));
+    }
+    g.release().await.unwrap();
+}
+
+/// A holder that crashed (it acquired, and nothing renews or releases its
+/// lease) blocks a waiter until its lease ends — at the ttl, or, without
+/// expiry, with its session — and the waiter has it about a poll later.
+async fn a_waiter_takes_over_from_a_crashed_holder<S: Subject>(s: &S) {
+    let name = unique("wait-crash");
+    let ttl = TTL; // a poll of 200 ms ± 20%
+    let b = s.backend();
+    let sent = Instant::now();
+    let crashed = acquired(&b, &name, "crashed", ttl).await;
+    let survivor = lease(s, "survivor");
+    let ((got, at), (earliest, freed)) = tokio::join!(
+        async {
+            let got = survivor.acquire(&name, ttl, ms(10_000)).await;
+            (got, Instant::now())
+        },
+        async {
+            if s.caps().expires {
+                // The server's expiry: its time of the request plus the ttl.
+                (sent + ttl, sent + ttl)
+            } else {
+                // Outlives its ttl; free once its session ends.
+                sleep(ttl + ms(400)).await;
+                let ending = Instant::now();
+                s.end_session(&name).await;
+                (ending, Instant::now())
+            }
+        }
+    );
+    let guard = got.unwrap().expect("taken over within the wait");
+    let early = ms(20); // clocks that round to the millisecond
+    assert!(
+        at + early >= earliest,
+        "taken {:?} before the lease ended",
+        earliest.saturating_duration_since(at)
+    );
+    let late = at.saturating_duration_since(freed);
+    let bound = poll_max(ttl) + SLACK;
+    eprintln!("taken {late:?} after the lease ended");
+    assert!(
+        late < bound,
+        "taken {late:?} after the lease ended, not within a poll (+{SLACK:?})"
+    );
+    if s.caps().fencing {
+        assert!(guard.fencing_token() > crashed, "a larger fence");
+    }
+    guard.release().await.unwrap();
+}
+
+/// Two elections of one name: the first leads, the second follows it
+/// (naming it where the backend can), and has the lease at once when the
+/// leader resigns (`resign`) or is dropped; never do both lead.
+async fn an_election_hands_over<S: Subject>(s: &S, resign: bool) {
+    let name = unique("elect-hand-over");
+    subscribe(s).await;
+    let first = lease(s, "leader-a").elect(&name, LONG);
+    let term = timeout(LONG, first.leading())
+        .await
+        .expect("the first leads");
+    let second = lease(s, "leader-b").elect(&name, LONG);
+    let monitor = never_two_leaders(&first, &second);
+    let following = timeout(
+        LONG,
+        second
+            .watch()
+            .wait_for(|l| matches!(l, Leadership::Following { .. })),
+    )
+    .await
+    .expect("the second follows")
+    .unwrap()
+    .clone();
+    assert_follows(s, &following, "leader-a", true);
+    assert!(first.is_leader() && !second.is_leader());
+    sleep(WAITED).await;
+    assert!(!second.is_leader(), "the second leads while the first does");
+    let stepped_down = Instant::now();
+    if resign {
+        first.resign().await.unwrap();
+        assert!(term.token().is_cancelled() && !term.is_valid());
+    } else {
+        drop(first); // releases in the background
+    }
+    let bound = hand_over_bound(s, LONG);
+    let next = timeout(LONG / 2, second.leading())
+        .await
+        .expect("the second leads once the first has stepped down");
+    let took = stepped_down.elapsed();
+    eprintln!("led {took:?} after the first stepped down");
+    assert!(
+        took < bound,
+        "led {took:?} after the first stepped down, not under {bound:?} ({})",
+        hand_over_kind(s)
+    );
+    assert!(
+        term.token().is_cancelled() && !term.is_valid(),
+        "the first term ended"
+    );
+    assert_eq!(
+        *second.watch().borrow(),
+        Leadership::Leading {
+            fencing_token: next.fencing_token()
+        }
+    );
+    if s.caps().fencing {
+        assert!(next.fencing_token() > term.fencing_token());
+    }
+    second.resign().await.unwrap();
+    check_one_leader(monitor).await;
+}
+
+async fn an_election_hands_over_on_resign<S: Subject>(s: &S) {
+    an_election_hands_over(s, true).await;
+}
+
+async fn an_election_hands_over_on_drop<S: Subject>(s: &S) {
+    an_election_hands_over(s, false).await;
+}
+
+/// A leader whose lease is stolen: its term's token fires, it stops
+/// leading and follows the thief; it contends again, and leads again
+/// (with a larger fence) about a poll after the thief lets go.
+async fn an_election_contends_again_after_a_steal<S: Subject>(s: &S) {
+    let name = unique("elect-steal");
+    let ttl = ms(1_500); // renewed every 500 ms; a poll of 150 ms ± 20%
+    let election = lease(s, "leader-a").elect(&name, ttl);
+    let term = timeout(LONG, election.leading()).await.expect("leads");
+    let mut state = election.watch();
+    sleep(ms(100)).await;
+    s.steal(&name, "thief").await;
+    // Noticed at the next renewal, as `a_stolen_lease_cancels_the_token`.
+    let bound = ttl / 3 + ms(500);
+    timeout(bound, term.token().cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("the term did not end within {bound:?} of the steal"));
+    assert!(!term.is_valid() && !election.is_leader());
+    let following = timeout(
+        SLACK,
+        state.wait_for(|l| matches!(l, Leadership::Following { .. })),
+    )
+    .await
+    .expect("follows the thief")
+    .unwrap()
+    .clone();
+    assert_follows(s, &following, "thief", false);
+    // The thief keeps it: no term.
+    sleep(poll_max(ttl) * 2).await;
+    assert!(
+        !election.is_leader(),
+        "leads while the thief holds the lease"
+    );
+    let stolen = s
+        .backend()
+        .inspect(&name)
+        .await
+        .unwrap()
+        .and_then(|i| i.fencing_token);
+    let freed = Instant::now();
+    s.let_go(&name, "thief").await;
+    let bound = poll_max(ttl) + SLACK;
+    let next = timeout(bound, election.leading())
+        .await
+        .unwrap_or_else(|_| panic!("did not lead again within {bound:?} of the thief letting go"));
+    eprintln!("led again {:?} after the thief let go", freed.elapsed());
+    assert!(next.is_valid() && !next.token().is_cancelled());
+    if s.caps().fencing {
+        assert!(next.fencing_token() > stolen && stolen > term.fencing_token());
+    }
+    election.resign().await.unwrap();
 }
 
 // ------------------------------------------ properties of many leases at once
@@ -1282,6 +1730,90 @@ where
     fresh.drop_table().await;
 }
 
+// ------------------------------- properties of operating: list, force_release
+
+/// `force_release` ends a held lease whoever holds it: the holder's token
+/// is cancelled at its next renewal, the next acquisition gets a larger
+/// fencing token (the counter is kept), and a free name answers `false`.
+async fn force_release_evicts_the_holder_and_keeps_the_fence<S: Subject>(s: &S) {
+    let name = unique("forced");
+    let ttl = ms(1_500);
+    let holder = lease(s, "holder-a");
+    let guard = holder.try_acquire(&name, ttl).await.unwrap().expect("free");
+    let evicted = guard.fencing_token();
+    let b = s.backend();
+    assert!(
+        b.force_release(&name).await.expect("force_release"),
+        "it was held"
+    );
+    let forced_at = Instant::now();
+    // Noticed at the next renewal: within ttl/3 plus slack for a loaded machine.
+    let bound = ttl / 3 + ms(500);
+    timeout(bound, guard.token().cancelled())
+        .await
+        .unwrap_or_else(|_| panic!("token not cancelled within {bound:?} of the eviction"));
+    eprintln!("eviction noticed after {:?}", forced_at.elapsed());
+    assert!(!guard.is_valid());
+    assert!(
+        !b.force_release(&name).await.expect("force_release"),
+        "nothing left to release"
+    );
+    let next = acquired(&b, &name, "holder-b", LONG).await;
+    if s.caps().fencing {
+        assert!(
+            next > evicted,
+            "fence {next:?} after {evicted:?}: the counter restarted"
+        );
+    }
+    // The evicted holder's release does not end the new holder's lease.
+    guard.release().await.unwrap();
+    assert!(acquire(&b, &name, "holder-c", TTL).await.is_none());
+    assert!(b.force_release(&name).await.expect("force_release"));
+    let never = unique("forced-never");
+    assert!(!b.force_release(&never).await.expect("force_release"));
+    assert!(matches!(
+        b.force_release("").await,
+        Err(Error::InvalidName { .. })
+    ));
+}
+
+/// `list` shows every held lease with its holder; a backend that keeps
+/// released leases (with expiry and fencing) lists them as not held.
+async fn list_shows_held_and_released_leases<S: Subject>(s: &S) {
+    let (kept, freed) = (unique("listed-held"), unique("listed-freed"));
+    let b = s.backend();
+    let kept_fence = acquired(&b, &kept, "holder-a", LONG).await;
+    let freed_fence = acquired(&b, &freed, "holder-b", LONG).await;
+    release(&b, &freed, "holder-b", freed_fence).await;
+    let listed = b.list().await.expect("list");
+    let find = |name: &str| listed.iter().find(|l| l.name == name);
+    let held = find(&kept).unwrap_or_else(|| panic!("{kept} not listed"));
+    assert!(held.is_held(), "{held:?}");
+    assert_eq!(held.fencing_token, kept_fence);
+    if s.caps().fencing {
+        // `PgAdvisory` names the session instead of the holder.
+        assert_eq!(held.holder, "holder-a");
+    }
+    let inspected = b.inspect(&kept).await.expect("inspect").expect("a record");
+    assert_eq!(
+        (
+            &inspected.holder,
+            inspected.fencing_token,
+            inspected.is_held()
+        ),
+        (&held.holder, held.fencing_token, true),
+        "list and inspect agree"
+    );
+    match find(&freed) {
+        Some(info) => assert!(!info.is_held(), "{info:?}"),
+        None => assert!(
+            !(s.caps().fencing && s.caps().expires),
+            "{freed}: a backend that keeps fences keeps released leases"
+        ),
+    }
+    release(&b, &kept, "holder-a", kept_fence).await;
+}
+
 // ---------------------------------------------------------------- subjects
 
 struct MemorySubject(Memory);
@@ -1314,17 +1846,19 @@ struct TableSubject<B> {
     /// fence, for a minute; binds name then thief, or thief then name.
     steal_sql: String,
     thief_first: bool,
+    caps: Caps,
     /// Keeps the SQLite file alive for the test.
     _file: Option<TempDb>,
 }
 
 impl<B: TableBackend> TableSubject<B> {
-    fn new(backend: B, steal_template: &str, file: Option<TempDb>) -> Self {
+    fn new(backend: B, steal_template: &str, caps: Caps, file: Option<TempDb>) -> Self {
         let thief_first = !steal_template.contains("$1") && !steal_template.contains("?1");
         Self {
             steal_sql: steal_template.replace("{table}", backend.table()),
             backend,
             thief_first,
+            caps,
             _file: file,
         }
     }
@@ -1337,6 +1871,10 @@ macro_rules! table_subject {
 
             fn backend(&self) -> $backend {
                 self.backend.clone()
+            }
+
+            fn caps(&self) -> Caps {
+                self.caps
             }
 
             async fn steal(&self, name: &str, thief: &str) {
@@ -1368,7 +1906,7 @@ async fn sqlite() -> Option<TableSubject<SqliteTable>> {
     let steal = "UPDATE {table} SET holder = ?2, fence = fence + 1, \
                  expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 60000 \
                  WHERE name = ?1";
-    Some(TableSubject::new(table, steal, Some(file)))
+    Some(TableSubject::new(table, steal, TABLE_LIKE, Some(file)))
 }
 
 async fn postgres() -> Option<TableSubject<PgTable>> {
@@ -1376,7 +1914,12 @@ async fn postgres() -> Option<TableSubject<PgTable>> {
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET holder = $2, fence = fence + 1, \
                  expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1";
-    Some(TableSubject::new(table, steal, None))
+    // Releases are pushed (`NOTIFY`).
+    let caps = Caps {
+        pushes: true,
+        ..TABLE_LIKE
+    };
+    Some(TableSubject::new(table, steal, caps, None))
 }
 
 async fn mysql() -> Option<TableSubject<MySqlTable>> {
@@ -1384,31 +1927,69 @@ async fn mysql() -> Option<TableSubject<MySqlTable>> {
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET fence = fence + 1, holder = ?, \
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = ?";
-    Some(TableSubject::new(table, steal, None))
+    Some(TableSubject::new(table, steal, TABLE_LIKE, None))
 }
 
 /// `PgAdvisory`: no fencing token and no expiry (see [`Caps`]). The only way
 /// to take an advisory lock from its holder is to end the holder's session,
-/// so `steal` and `end_session` terminate it (found in `pg_locks`) from
-/// another connection.
+/// so `end_session` terminates it (found in `pg_locks`) from another
+/// connection, and `steal` does so once the thief's connection waits for
+/// the lock (`pg_advisory_lock`): the server hands it to the thief before
+/// anyone else can try.
 struct PgAdvisorySubject {
     backend: PgAdvisory,
     /// A pool of its own, to look at and terminate the backend's sessions.
     admin: sqlx::PgPool,
+    /// The thieves' connections, by name: each holds its stolen lock.
+    thieves: std::sync::Mutex<std::collections::HashMap<String, sqlx::PgConnection>>,
 }
 
 impl PgAdvisorySubject {
-    /// Pids of the sessions holding the advisory lock of `name`.
-    async fn holders(&self, name: &str) -> Vec<i32> {
+    /// Pids of the sessions holding (`granted`) or waiting for the advisory
+    /// lock of `name`.
+    async fn sessions(&self, name: &str, granted: bool) -> Vec<i32> {
         sqlx::query_scalar(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-             AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted = $2 \
+             AND objsubid = 1 AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
              AND objid::int8 = ($1::int8 & 4294967295)",
         )
         .bind(PgAdvisory::key(name))
+        .bind(granted)
         .fetch_all(&self.admin)
         .await
         .expect("query pg_locks")
+    }
+
+    /// Terminate the sessions holding `name`'s lock but `keep`, and return
+    /// once they are gone.
+    async fn terminate_holders(&self, name: &str, keep: Option<i32>) {
+        let pids: Vec<i32> = self
+            .sessions(name, true)
+            .await
+            .into_iter()
+            .filter(|&pid| Some(pid) != keep)
+            .collect();
+        assert!(!pids.is_empty(), "nobody holds {name:?}");
+        for &pid in &pids {
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .execute(&self.admin)
+                .await
+                .expect("pg_terminate_backend");
+        }
+        let deadline = Instant::now() + ms(5_000);
+        while self
+            .sessions(name, true)
+            .await
+            .iter()
+            .any(|pid| pids.contains(pid))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "terminated session kept its lock"
+            );
+            sleep(ms(10)).await;
+        }
     }
 }
 
@@ -1423,36 +2004,57 @@ impl Subject for PgAdvisorySubject {
         Caps {
             fencing: false,
             expires: false,
+            pushes: true,
+            leader: Naming::Session,
         }
     }
 
     async fn steal(&self, name: &str, thief: &str) {
-        self.end_session(name).await;
-        self.backend
-            .acquire(name, thief, Duration::from_secs(60))
+        let mut conn = self.admin.acquire().await.expect("connection").detach();
+        sqlx::query("SELECT set_config('application_name', $1, false)")
+            .bind(thief)
+            .execute(&mut conn)
             .await
-            .expect("acquire")
-            .expect("free once its session ended");
-    }
-
-    async fn end_session(&self, name: &str) {
-        let pids = self.holders(name).await;
-        assert!(!pids.is_empty(), "nobody holds {name:?}");
-        for pid in pids {
-            sqlx::query("SELECT pg_terminate_backend($1)")
-                .bind(pid)
-                .execute(&self.admin)
+            .expect("name the thief's session");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .expect("pid");
+        let key = PgAdvisory::key(name);
+        let locking = tokio::spawn(async move {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut conn)
                 .await
-                .expect("pg_terminate_backend");
-        }
+                .expect("the thief's lock");
+            conn
+        });
         let deadline = Instant::now() + ms(5_000);
-        while !self.holders(name).await.is_empty() {
+        while !self.sessions(name, false).await.contains(&pid) {
             assert!(
                 Instant::now() < deadline,
-                "terminated session kept its lock"
+                "the thief does not wait for the lock"
             );
             sleep(ms(10)).await;
         }
+        self.terminate_holders(name, Some(pid)).await;
+        let conn = timeout(ms(5_000), locking)
+            .await
+            .expect("the thief has the lock once its holder's session ended")
+            .unwrap();
+        self.thieves.lock().unwrap().insert(name.to_owned(), conn);
+    }
+
+    /// The thief closes its session.
+    async fn let_go(&self, name: &str, _thief: &str) {
+        let conn = self.thieves.lock().unwrap().remove(name).expect("a thief");
+        sqlx::Connection::close(conn)
+            .await
+            .expect("close the thief's session");
+    }
+
+    async fn end_session(&self, name: &str) {
+        self.terminate_holders(name, None).await;
     }
 }
 
@@ -1464,10 +2066,12 @@ async fn pg_advisory() -> Option<PgAdvisorySubject> {
     Some(PgAdvisorySubject {
         backend: PgAdvisory::new(pool),
         admin,
+        thieves: Default::default(),
     })
 }
 
-/// `Redis`: `steal` overwrites the lock key and bumps the fence counter;
+/// `Redis`, subscribed for releases (`with_pubsub`): `steal` bumps the
+/// fence counter and writes the thief with the new fence into the lock key;
 /// in the Go locker's protocol (`go`), it overwrites the lock key's token.
 struct RedisSubject {
     backend: Redis,
@@ -1485,7 +2089,14 @@ impl Subject for RedisSubject {
     fn caps(&self) -> Caps {
         Caps {
             fencing: !self.go,
-            ..TABLE_LIKE
+            expires: true,
+            // Subscribed (`Redis::with_pubsub`): the release script publishes.
+            pushes: true,
+            leader: if self.go {
+                Naming::OwnHolders
+            } else {
+                Naming::Holder
+            },
         }
     }
 
@@ -1502,27 +2113,46 @@ impl Subject for RedisSubject {
                 .expect("steal");
             return;
         }
-        let () = ::redis::pipe()
-            .atomic()
-            .cmd("SET")
+        // The next fence and the thief, as the acquire script writes them.
+        let _fence: i64 = ::redis::cmd("EVAL")
+            .arg(
+                "local f = redis.call('INCR', KEYS[2]) \
+                 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', 60000) return f",
+            )
+            .arg(2)
             .arg(self.backend.lock_key(name))
-            .arg(thief)
-            .arg("PX")
-            .arg(60_000)
-            .ignore()
-            .cmd("INCR")
             .arg(self.backend.fence_key(name))
-            .ignore()
+            .arg(thief)
             .query_async(&mut conn)
             .await
             .expect("steal");
     }
+
+    /// In the Go locker's protocol only the acquiring backend value knows
+    /// the token to release with: the thief's lock goes as if it expired.
+    async fn let_go(&self, name: &str, thief: &str) {
+        if !self.go {
+            return release_as(&self.backend, name, thief).await;
+        }
+        let mut conn = self.pool.get().await.expect("redis connection");
+        let deleted: i64 = ::redis::cmd("DEL")
+            .arg(self.backend.lock_key(name))
+            .query_async(&mut conn)
+            .await
+            .expect("delete the thief's lock");
+        assert_eq!(deleted, 1, "no lock to let go");
+    }
+}
+
+/// A client for the waiters' subscription (`Redis::with_pubsub`).
+fn pubsub() -> ::redis::Client {
+    ::redis::Client::open(lease_tests::redis_url()).expect("redis url")
 }
 
 async fn redis() -> Option<RedisSubject> {
     let pool = lease_tests::redis().await?;
     Some(RedisSubject {
-        backend: Redis::new(pool.clone()),
+        backend: Redis::new(pool.clone()).with_pubsub(pubsub()),
         pool,
         go: false,
     })
@@ -1534,7 +2164,8 @@ async fn redis_go_locker() -> Option<RedisSubject> {
     let backend = Redis::new(pool.clone())
         .with_prefix("lease-go-locker:")
         .expect("valid")
-        .with_go_locker_protocol();
+        .with_go_locker_protocol()
+        .with_pubsub(pubsub());
     Some(RedisSubject {
         backend,
         pool,
@@ -1542,11 +2173,234 @@ async fn redis_go_locker() -> Option<RedisSubject> {
     })
 }
 
+/// `Etcd` on the 3-member cluster of this test binary
+/// ([`lease_tests::clusters::etcd_cluster`]).
+///
+/// The suite counts fencing tokens per name (1 for the first acquisition,
+/// one more for each later one); etcd's tokens are the key's
+/// `create_revision`, which grows with every write to the cluster. So the
+/// subject's backend is [`Ordinal`]: it passes etcd's tokens through as
+/// their rank among the tokens seen for that name, and asserts on the way
+/// that etcd's own tokens strictly grow with each acquisition. `steal`
+/// revokes the holder's etcd lease and puts the thief in the key with a
+/// lease of its own, as another client would.
+struct EtcdSubject {
+    backend: Ordinal<Etcd>,
+    client: lease::etcd_client::Client,
+}
+
+/// A backend whose fencing tokens are those of `B` ranked per name: the
+/// `n`th distinct token `B` handed out for a name is `n`. Panics if `B`
+/// hands out a token below the largest it handed out for that name (and
+/// for a token it never handed out in a renew or release).
+#[derive(Clone)]
+struct Ordinal<B> {
+    inner: B,
+    /// Per name, the tokens of `B` in the order they were seen (ascending).
+    seen: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u64>>>>,
+}
+
+impl<B> Ordinal<B> {
+    fn new(inner: B) -> Self {
+        Self {
+            inner,
+            seen: Arc::default(),
+        }
+    }
+
+    /// The rank of `raw` among the tokens of `name`, recording it if new.
+    fn rank(&self, name: &str, raw: u64) -> u64 {
+        let mut seen = self.seen.lock().unwrap();
+        let tokens = seen.entry(name.to_owned()).or_default();
+        if let Some(i) = tokens.iter().position(|&t| t == raw) {
+            return i as u64 + 1;
+        }
+        if let Some(&last) = tokens.last() {
+            assert!(
+                raw > last,
+                "{name:?}: fencing token {raw} after {last}: tokens must strictly grow"
+            );
+        }
+        tokens.push(raw);
+        tokens.len() as u64
+    }
+
+    /// The token of `B` whose rank is `rank` (none for an unknown rank: such
+    /// a token was never handed out, and matches nothing).
+    fn raw(&self, lease: Acquisition<'_>) -> Option<u64> {
+        let rank = usize::try_from(lease.fencing_token?).ok()?;
+        let seen = self.seen.lock().unwrap();
+        let tokens = seen.get(lease.name)?;
+        rank.checked_sub(1).and_then(|i| tokens.get(i)).copied()
+    }
+
+    fn unranked<'a>(&self, lease: Acquisition<'a>) -> Acquisition<'a> {
+        // An unknown rank becomes a token no acquisition has (0).
+        let raw = self.raw(lease).or(lease.fencing_token.map(|_| 0));
+        Acquisition::new(lease.name, lease.holder, raw)
+    }
+}
+
+impl<B: Backend + Clone> Backend for Ordinal<B> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        let grant = self.inner.acquire(name, holder, ttl).await?;
+        Ok(grant.map(|g| Grant::new(g.fencing_token.map(|raw| self.rank(name, raw)))))
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        self.inner.renew(self.unranked(lease), ttl).await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.inner.release(self.unranked(lease)).await
+    }
+
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        let leases: Vec<_> = leases
+            .iter()
+            .map(|&(lease, ttl)| (self.unranked(lease), ttl))
+            .collect();
+        self.inner.renew_many(&leases).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<lease::LeaseInfo>, Error> {
+        let info = self.inner.inspect(name).await?;
+        Ok(info.map(|i| {
+            let rank = i.fencing_token.map(|raw| self.rank(name, raw));
+            lease::LeaseInfo::new(i.name, i.holder, i.expires_in, rank)
+        }))
+    }
+
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.inner.released(name, poll)
+    }
+}
+
+impl Subject for EtcdSubject {
+    type B = Ordinal<Etcd>;
+
+    fn backend(&self) -> Ordinal<Etcd> {
+        self.backend.clone()
+    }
+
+    /// etcd rounds a ttl up to whole seconds (at least 1 s on the test
+    /// cluster) and checks for expired leases every 500 ms.
+    fn expiry(&self, ttl: Duration) -> Duration {
+        Duration::from_secs(Etcd::lease_ttl_secs(ttl).unsigned_abs()) + ms(700)
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        use lease::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let mut client = self.client.clone();
+        let key = self.backend.inner.key(name);
+        let held = client.get(key.clone(), None).await.expect("get");
+        for kv in held.kvs() {
+            client.lease_revoke(kv.lease()).await.expect("revoke");
+        }
+        let lease = client.lease_grant(60, None).await.expect("grant").id();
+        let put = client
+            .txn(
+                Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key,
+                        thief,
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]),
+            )
+            .await
+            .expect("put");
+        assert!(put.succeeded(), "the key was not free after the revoke");
+        let revision = put.header().expect("header").revision();
+        self.backend.rank(name, revision.unsigned_abs());
+    }
+}
+
+async fn etcd() -> Option<EtcdSubject> {
+    let cluster = lease_tests::clusters::etcd_cluster()?;
+    let backend = Etcd::connect(cluster.endpoints())
+        .await
+        .expect("connect to the etcd cluster")
+        .with_prefix("lease-conformance/")
+        .expect("valid");
+    Some(EtcdSubject {
+        client: backend.client().clone(),
+        backend: Ordinal::new(backend),
+    })
+}
+
+/// `Redis` on the 3-master Redis Cluster of this test binary
+/// ([`lease_tests::clusters::redis_cluster`]), through [`Redis::cluster`];
+/// `steal` writes the lock and bumps the fence in one `MULTI` on the node of
+/// their (shared) hash slot.
+struct RedisClusterSubject {
+    backend: Redis,
+    client: ::redis::cluster::ClusterClient,
+}
+
+impl Subject for RedisClusterSubject {
+    type B = Redis;
+
+    fn backend(&self) -> Redis {
+        self.backend.clone()
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            // Subscribed (`Redis::with_pubsub`, to one node): `PUBLISH`
+            // reaches subscribers on every node of the cluster.
+            pushes: true,
+            ..TABLE_LIKE
+        }
+    }
+
+    async fn steal(&self, name: &str, thief: &str) {
+        let mut conn = self
+            .client
+            .get_async_connection()
+            .await
+            .expect("cluster connection");
+        // The next fence and the thief, as the acquire script writes them
+        // (the script's keys share a slot: it runs on that slot's master).
+        let _fence: i64 = ::redis::cmd("EVAL")
+            .arg(
+                "local f = redis.call('INCR', KEYS[2]) \
+                 redis.call('SET', KEYS[1], f .. ':' .. ARGV[1], 'PX', 60000) return f",
+            )
+            .arg(2)
+            .arg(self.backend.lock_key(name))
+            .arg(self.backend.fence_key(name))
+            .arg(thief)
+            .query_async(&mut conn)
+            .await
+            .expect("steal");
+    }
+}
+
+async fn redis_cluster() -> Option<RedisClusterSubject> {
+    let cluster = lease_tests::clusters::redis_cluster()?;
+    let nodes = cluster.nodes();
+    let backend = Redis::cluster(&nodes)
+        .await
+        .expect("connect to the redis cluster")
+        .with_pubsub(::redis::Client::open(nodes[0].as_str()).expect("node url"));
+    Some(RedisClusterSubject {
+        backend,
+        client: ::redis::cluster::ClusterClient::new(cluster.nodes()).expect("client"),
+    })
+}
+
 // ---------------------------------------------------------------- the matrix
 
 /// `conformance!(module, subject, [groups])`: a module of `#[tokio::test]`s,
 /// one per property of each group, each calling `property(&subject)`.
-/// Groups: `every` (every backend), `many_leases` (thousands of leases held
+/// Groups: `every` (every backend), `fenced` (backends with fencing
+/// tokens), `many_leases` (thousands of leases held
 /// at once), `tables` (needs [`TableBackend`]).
 macro_rules! conformance {
     ($backend:ident, $subject:expr, [$($group:ident),+ $(,)?]) => {
@@ -1576,7 +2430,16 @@ macro_rules! conformance {
             a_dropped_guard_frees_the_lease,
             a_held_lease_is_renewed_past_its_ttl,
             each_lease_learns_its_own_fate,
+            a_waiter_has_a_released_lease_at_once,
+            a_wait_runs_out_while_another_holds,
+            a_waiter_takes_over_from_a_crashed_holder,
+            an_election_hands_over_on_resign,
+            an_election_hands_over_on_drop,
+            an_election_contends_again_after_a_steal,
         ]);
+    };
+    (@fenced $subject:expr) => {
+        conformance!(@tests $subject, [a_late_release_leaves_a_newer_acquisition]);
     };
     (@many_leases $subject:expr) => {
         conformance!(@tests $subject, [a_batch_larger_than_a_chunk]);
@@ -1587,6 +2450,12 @@ macro_rules! conformance {
             backend_calls_reject_invalid_input,
             expiry_is_the_server_time_of_the_request_plus_the_ttl,
             ensure_schema_twice_and_concurrently,
+        ]);
+    };
+    (@operating $subject:expr) => {
+        conformance!(@tests $subject, [
+            force_release_evicts_the_holder_and_keeps_the_fence,
+            list_shows_held_and_released_leases,
         ]);
     };
     (@tests $subject:expr, [$($property:ident),* $(,)?]) => {
@@ -1615,4 +2484,26 @@ conformance!(
     redis_go_locker,
     super::redis_go_locker(),
     [every, many_leases]
+);
+
+// `Backend::list` and `Backend::force_release` (the `lease` command's
+// `list` and `release --force`).
+conformance!(memory_operating, super::memory(), [operating]);
+conformance!(sqlite_operating, super::sqlite(), [operating]);
+conformance!(postgres_operating, super::postgres(), [operating]);
+conformance!(mysql_operating, super::mysql(), [operating]);
+conformance!(pg_advisory_operating, super::pg_advisory(), [operating]);
+conformance!(redis_operating, super::redis(), [operating]);
+conformance!(
+    redis_go_locker_operating,
+    super::redis_go_locker(),
+    [operating]
+);
+// etcd on a 3-member cluster started by this test binary.
+conformance!(etcd, super::etcd(), [every, fenced, many_leases]);
+// Redis on a 3-master Redis Cluster started by this test binary.
+conformance!(
+    redis_cluster,
+    super::redis_cluster(),
+    [every, fenced, many_leases]
 );

@@ -49,32 +49,12 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        _ => harness(&args[1..]),
+        _ => lease_tests::single_test(
+            &args[1..],
+            TEST,
+            the_readme_demo_runs_one_pod_per_tick_and_takes_over_after_the_kill,
+        ),
     }
-}
-
-/// Just enough of libtest's command line for `cargo test`.
-fn harness(args: &[String]) {
-    if args.iter().any(|a| a == "--list") {
-        println!("{TEST}: test");
-        return;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    let selected = filters.is_empty() || filters.iter().any(|f| TEST.contains(f.as_str()));
-    if !selected || args.iter().any(|a| a == "--ignored") {
-        println!(
-            "\nrunning 0 tests\n\ntest result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out\n"
-        );
-        return;
-    }
-    println!("\nrunning 1 test");
-    let started = Instant::now();
-    the_readme_demo_runs_one_pod_per_tick_and_takes_over_after_the_kill();
-    println!("test {TEST} ... ok");
-    println!(
-        "\ntest result: ok. 1 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in {:.2}s\n",
-        started.elapsed().as_secs_f64()
-    );
 }
 
 /// What a pod printed for one tick.

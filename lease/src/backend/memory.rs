@@ -137,6 +137,35 @@ impl Backend for Memory {
         }))
     }
 
+    /// Every name ever acquired, by name.
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        let now = Instant::now();
+        let mut leases: Vec<LeaseInfo> = self
+            .rows()
+            .iter()
+            .map(|(name, row)| {
+                let expires_in = row.live(now).then(|| row.expires_at - now);
+                LeaseInfo::new(name, row.holder.clone(), expires_in, Some(row.fence))
+            })
+            .collect();
+        leases.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(leases)
+    }
+
+    /// Expires the live lease on `name` (as [`expire`](Memory::expire)); the
+    /// fence is kept.
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        validate::name(name)?;
+        let now = Instant::now();
+        match self.rows().get_mut(name) {
+            Some(row) if row.live(now) => {
+                row.expires_at = now;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let now = Instant::now();

@@ -48,6 +48,27 @@ const HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'Exclusiv
      AND l.objid::int8 = ($1::int8 & 4294967295) \
      ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1";
 
+/// Every exclusive advisory lock on a bigint key in this database, by key:
+/// the key (rebuilt from `classid`, its high 32 bits, and `objid`, its low
+/// 32 bits), the holding session's pid and `application_name`.
+const LOCKS: &str = "SELECT ((l.classid::int8 << 32) | l.objid::int8), l.pid, \
+     a.application_name::text \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     AND l.mode = 'ExclusiveLock' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     ORDER BY 1, l.pid";
+
+/// End the session holding the exclusive lock on the key `$1` in this
+/// database, waiting up to 5 s for it to end (PostgreSQL 14 and later):
+/// one row per session, true if it ended in time.
+const TERMINATE: &str = "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     AND l.mode = 'ExclusiveLock' \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
+     AND l.objid::int8 = ($1::int8 & 4294967295)";
+
 /// Leases as PostgreSQL session-level advisory locks
 /// (`pg_try_advisory_lock`), each held on a connection of its own.
 ///
@@ -914,6 +935,62 @@ impl Backend for PgAdvisory {
             }
             LeaseInfo::new(name, holder, Some(Duration::MAX), None)
         }))
+    }
+
+    /// Every exclusive advisory lock on a 64-bit key in this database, from
+    /// `pg_locks` (one query), by key — as far as `pg_locks` can tell:
+    ///
+    /// - **Names are not known**: PostgreSQL sees only the 64-bit key, a
+    ///   hash of the name that cannot be turned back. A lock that this
+    ///   backend value holds is listed with its lease name; any other (held
+    ///   by another process, or by another program on the same keys) as
+    ///   `#` and its key in decimal (`#-5188171837425302540`). Look a
+    ///   known name up with [`inspect`](Backend::inspect).
+    /// - Only held locks: an advisory lock leaves nothing once unlocked.
+    /// - `holder`, `expires_in` and `fencing_token` as [`inspect`](Backend::inspect)
+    ///   answers them (the session, [`Duration::MAX`], `None`); shared
+    ///   locks and the two-`int4` key space are left out.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        let rows: Vec<(i64, i32, Option<String>)> =
+            sqlx::query_as(LOCKS).fetch_all(&self.pool).await?;
+        let names: HashMap<i64, String> = self
+            .held()
+            .slots
+            .iter()
+            .map(|((name, _), slot)| (slot.key, name.clone()))
+            .collect();
+        Ok(rows
+            .into_iter()
+            .map(|(key, pid, application)| {
+                let name = names.get(&key).cloned().unwrap_or(format!("#{key}"));
+                let holder = match application.filter(|a| !a.is_empty()) {
+                    Some(application) => format!("{application} (pid {pid})"),
+                    None => format!("pid {pid}"),
+                };
+                LeaseInfo::new(name, holder, Some(Duration::MAX), None)
+            })
+            .collect())
+    }
+
+    /// Ends the *session* that holds the lock (`pg_terminate_backend`, then
+    /// waits up to 5 s for it to end): an advisory lock can be unlocked only
+    /// by its own session. `Ok(true)` once the session has ended, and with
+    /// it the lock; the evicted holder's next heartbeat fails, and its
+    /// token is cancelled. Everything else of that session ends too: for a
+    /// `PgAdvisory` holder that is this one lock (one connection per lock),
+    /// for another program on the same key, all its locks and its open
+    /// transaction.
+    ///
+    /// Needs PostgreSQL 14 or later, and a user allowed to end the session:
+    /// the same role, a member of `pg_signal_backend`, or a superuser;
+    /// otherwise [`Error::Database`]. There is no fencing counter to keep.
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        crate::validate::name(name)?;
+        let ended: Vec<bool> = sqlx::query_scalar(TERMINATE)
+            .bind(self.lock_key(name))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(ended.contains(&true))
     }
 
     /// A notification on the channel `lease_advisory`, which this backend's

@@ -103,6 +103,24 @@ end
 return {value, ttl, fence}
 ";
 
+/// One step of `SCAN` (never `KEYS`, which blocks the server for the whole
+/// keyspace). ARGV: the cursor, the `MATCH` pattern, the `COUNT`. Returns
+/// the next cursor and the keys of this step, as `SCAN` does.
+const SCAN: &str = r"
+return redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3])
+";
+
+/// Force a release. KEYS: lock. ARGV: the channel of releases, the lease
+/// name. Deletes the lock whoever holds it (the fence key stays) and
+/// announces it as [`RELEASE`] does. Returns 1 if a lock was deleted.
+const FORCE_RELEASE: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
 /// Acquire in the Go locker's protocol ([`Redis::with_go_locker_protocol`]).
 /// KEYS: lock. ARGV: the token of our live acquisition of this name (`''`
 /// if none), a new random token, ttl in ms. Returns 1 if the lock now holds
@@ -137,6 +155,32 @@ struct Scripts {
     renew_many: Script,
     release: Script,
     inspect: Script,
+    scan: Script,
+    force_release: Script,
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
+/// (the part between the first `{` and the next `}`, if not empty) or of
+/// the whole key, modulo 16384.
+fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 /// Built once: `Script::new` hashes the source for `EVALSHA`.
@@ -147,6 +191,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     renew_many: Script::new(RENEW_MANY),
     release: Script::new(RELEASE),
     inspect: Script::new(INSPECT),
+    scan: Script::new(SCAN),
+    force_release: Script::new(FORCE_RELEASE),
 });
 
 /// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released
@@ -194,13 +240,18 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// many leases of one holder ([`Backend::renew_many`]) are one `EVALSHA` of
 /// a script over all their keys (up to 1,000 keys per call; larger batches
 /// are split into several calls, sent together), which tells each lease
-/// whether it was renewed. That script touches keys in many hash slots: on
-/// a Redis Cluster proxy that rejects it with `CROSSSLOT`, the renewals are
-/// sent one script per key instead, pipelined.
+/// whether it was renewed. On a Redis Cluster (`Redis::cluster`) a
+/// script's keys must share a hash slot, so the batch is split by slot: one
+/// script per slot, sent together (each to the master of its slot). A
+/// client that does not know it talks to a cluster (a pool on a cluster
+/// proxy) sends one script over many slots; when that is refused with
+/// `CROSSSLOT`, the renewals are sent one script per key instead, pipelined.
 ///
 /// # Connection
 ///
-/// The backend sends every call on one connection of its own, a
+/// The backend sends every call on one connection of its own (on a Redis
+/// Cluster, one cluster connection, which keeps a connection per node and
+/// routes each request to the master of its slot); with a pool, a
 /// [`MultiplexedConnection`] that pipelines concurrent requests (checking a
 /// connection out of the pool for each call would cost a round trip of its
 /// own: deadpool-redis checks a connection with `PING` each time it hands it
@@ -338,7 +389,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// ```
 #[derive(Clone)]
 pub struct Redis {
-    pool: Pool,
+    /// Where the backend's connection comes from.
+    source: Origin,
     prefix: Arc<str>,
     timeout: Duration,
     /// The connection every call uses, taken out of `pool` on first use and
@@ -355,6 +407,64 @@ pub struct Redis {
     push: Arc<OnceLock<Push<RedisSource>>>,
 }
 
+/// The answer of [`INSPECT`]: the lock's value, its `PTTL`, the fence counter.
+type InspectAnswer = (Option<String>, i64, Option<String>);
+
+/// Where a [`Redis`] gets its connection.
+#[derive(Clone)]
+enum Origin {
+    /// A deadpool-redis pool ([`Redis::new`]).
+    Pool(Pool),
+    /// A client the user has ([`Redis::with_client`]).
+    Client(Arc<::redis::Client>),
+    /// A Redis Cluster ([`Redis::cluster`]).
+    #[cfg(feature = "redis-cluster")]
+    Cluster(Arc<::redis::cluster::ClusterClient>),
+}
+
+/// The backend's connection: to one server, or to a Redis Cluster (which
+/// routes each request to the node of its keys' hash slot).
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(::redis::cluster_async::ClusterConnection),
+}
+
+impl ::redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a ::redis::Cmd,
+    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a ::redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// The token of each live acquisition, by (name, holder).
 type Tokens = HashMap<(String, String), String>;
 
@@ -363,7 +473,7 @@ type Tokens = HashMap<(String, String), String>;
 struct Shared {
     /// The connection in use: none before the first call and after the
     /// last one was retired.
-    current: Mutex<Option<Arc<MultiplexedConnection>>>,
+    current: Mutex<Option<Arc<Conn>>>,
     /// Held while a new connection is taken from the pool, so that the
     /// calls that find none wait for the same one instead of each taking one.
     opening: tokio::sync::Mutex<()>,
@@ -375,7 +485,7 @@ struct Shared {
 /// fails without an answer — the connection is retired ([`Redis::retire`]).
 struct InFlight<'a> {
     redis: &'a Redis,
-    conn: Arc<MultiplexedConnection>,
+    conn: Arc<Conn>,
     answered: bool,
 }
 
@@ -436,7 +546,15 @@ impl std::fmt::Debug for Redis {
             .field("go_locker_protocol", &self.tokens.is_some())
             .field("pubsub", &self.pubsub.is_some())
             .field("timeout", &self.timeout)
-            .field("pool", &self.pool.status())
+            .field(
+                "source",
+                &match &self.source {
+                    Origin::Pool(pool) => format!("pool {:?}", pool.status()),
+                    Origin::Client(_) => "client".to_owned(),
+                    #[cfg(feature = "redis-cluster")]
+                    Origin::Cluster(_) => "cluster".to_owned(),
+                },
+            )
             .finish()
     }
 }
@@ -451,8 +569,71 @@ impl Redis {
 
     /// A backend on `pool`, with the key prefix `lease:` and a 5 s timeout per call.
     pub fn new(pool: Pool) -> Self {
+        Self::from_source(Origin::Pool(pool))
+    }
+
+    /// A backend on a [`redis::Client`](::redis::Client) the application
+    /// already has (no pool): it opens its own multiplexed connection from
+    /// it, and another one when that one was retired (see
+    /// [Connection](Redis#connection)). Key prefix `lease:`, 5 s timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::Redis;
+    /// use lease::deadpool_redis::redis;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let backend = Redis::with_client(client.clone()).with_pubsub(client);
+    /// assert_eq!(backend.prefix(), "lease:");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_client(client: ::redis::Client) -> Self {
+        Self::from_source(Origin::Client(Arc::new(client)))
+    }
+
+    /// A backend on a Redis Cluster, reached through `nodes` (URLs such as
+    /// `["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]`; any of the
+    /// cluster's nodes will do, the client learns the others). It connects
+    /// once now, to fail early on a wrong address, and keeps that
+    /// connection, which routes each request to the master of its keys'
+    /// hash slot and follows `MOVED`/`ASK` redirections.
+    ///
+    /// Both keys of a lease share one hash slot ([Keys](Redis#keys)), so
+    /// every script runs on one node; [`renew_many`](Backend::renew_many)
+    /// sends one script per hash slot. Needs the feature `redis-cluster`.
+    ///
+    /// What a failover does to a held lease: see [What can lose a
+    /// lease](Redis#what-can-lose-a-lease-read-this-before-relying-on-it)
+    /// (replication to the promoted replica is asynchronous).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] for an invalid node URL or when no node answers.
+    #[cfg(feature = "redis-cluster")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+    pub async fn cluster<N: AsRef<str>>(nodes: impl IntoIterator<Item = N>) -> Result<Self, Error> {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        let client = ::redis::cluster::ClusterClient::new(nodes)?;
+        let conn = client.get_async_connection().await?;
+        let redis = Self::from_source(Origin::Cluster(Arc::new(client)));
+        *redis.cached() = Some(Arc::new(Conn::Cluster(conn)));
+        Ok(redis)
+    }
+
+    /// True when the backend runs on a Redis Cluster (`Redis::cluster`, feature `redis-cluster`).
+    pub fn is_cluster(&self) -> bool {
+        match self.source {
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(_) => true,
+            _ => false,
+        }
+    }
+
+    fn from_source(source: Origin) -> Self {
         Self {
-            pool,
+            source,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             conn: Arc::default(),
@@ -707,7 +888,7 @@ impl Redis {
 
     /// The backend's connection; if there is none, one taken out of the
     /// pool for good (by one caller at a time: the others wait for it).
-    async fn connection(&self) -> Result<Arc<MultiplexedConnection>, Error> {
+    async fn connection(&self) -> Result<Arc<Conn>, Error> {
         if let Some(conn) = self.cached().clone() {
             return Ok(conn);
         }
@@ -716,13 +897,20 @@ impl Redis {
             // Another call took one while this one waited.
             return Ok(conn);
         }
-        // Out of the pool: no other user of the pool sends anything on it.
-        let conn = Arc::new(deadpool_redis::Connection::take(self.pool.get().await?));
+        let conn = Arc::new(match &self.source {
+            // Out of the pool: no other user of the pool sends anything on it.
+            Origin::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(pool.get().await?)),
+            Origin::Client(client) => {
+                Conn::Single(client.get_multiplexed_async_connection().await?)
+            }
+            #[cfg(feature = "redis-cluster")]
+            Origin::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
+        });
         *self.cached() = Some(conn.clone());
         Ok(conn)
     }
 
-    fn cached(&self) -> MutexGuard<'_, Option<Arc<MultiplexedConnection>>> {
+    fn cached(&self) -> MutexGuard<'_, Option<Arc<Conn>>> {
         // Every update is a single assignment: a poisoned lock is consistent.
         self.conn.current.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -730,7 +918,7 @@ impl Redis {
     /// Never hand out `conn` again; nothing if it was retired already (a
     /// newer connection is not touched). It closes once the requests still
     /// in flight on it are done.
-    fn retire(&self, conn: &Arc<MultiplexedConnection>) {
+    fn retire(&self, conn: &Arc<Conn>) {
         let mut cached = self.cached();
         if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
             *cached = None;
@@ -796,6 +984,86 @@ impl Redis {
                 operation,
                 after: self.timeout,
             }))
+    }
+
+    /// The [`INSPECT`] script for `name`.
+    fn inspect_call(&self, name: &str) -> ScriptInvocation<'static> {
+        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
+        if self.tokens.is_none() {
+            call.key(self.fence_key(name));
+        }
+        call
+    }
+
+    /// What [`INSPECT`]'s answer says about `name` (see [`Backend::inspect`]).
+    fn lease_info(&self, name: &str, answer: &InspectAnswer) -> Option<LeaseInfo> {
+        let (value, pttl, counter) = answer;
+        let expires_in = match *pttl {
+            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
+            // A lock without expiry (not one of ours): held until deleted.
+            -1 => Some(Duration::MAX),
+            _ => None,
+        };
+        match (value, self.tokens()) {
+            (Some(token), Some(tokens)) => {
+                let holder = tokens
+                    .iter()
+                    .find(|((n, _), t)| n == name && *t == token)
+                    .map(|((_, holder), _)| holder.clone())
+                    .unwrap_or_default();
+                Some(LeaseInfo::new(name, holder, expires_in, None))
+            }
+            (None, Some(_)) => None,
+            (Some(value), None) => {
+                let (fence, holder) = match value.split_once(':') {
+                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
+                    None => (None, value.as_str()),
+                };
+                Some(LeaseInfo::new(name, holder, expires_in, fence))
+            }
+            (None, None) => counter.as_deref().map(|counter| {
+                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
+                LeaseInfo::new(name, "", None, fence)
+            }),
+        }
+    }
+
+    /// The `MATCH` pattern of the keys under the prefix: the prefix with
+    /// the glob's special characters escaped, then `{*` in the default
+    /// layout (lock and fence keys), `*` in the Go locker's protocol.
+    fn scan_pattern(&self) -> String {
+        let mut pattern = String::with_capacity(self.prefix.len() + 2);
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push_str(if self.tokens.is_some() { "*" } else { "{*" });
+        pattern
+    }
+
+    /// The lease name of a key found under the prefix: in the default
+    /// layout the part between the braces of a lock key (`{prefix}{..}`)
+    /// or a fence key (`{prefix}{..}:fence`), unescaped; in the Go
+    /// locker's protocol the key without the prefix. `None` for any other key.
+    fn name_of_key(&self, key: &[u8]) -> Option<String> {
+        let rest = key.strip_prefix(self.prefix.as_bytes())?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        if self.tokens.is_some() {
+            return (!rest.is_empty()).then(|| rest.to_owned());
+        }
+        let inner = rest.strip_prefix('{')?;
+        let (escaped, tail) = inner.split_once('}')?;
+        if !(tail.is_empty() || tail == ":fence") || escaped.is_empty() {
+            return None;
+        }
+        let name = escaped
+            .replace("%7D", "}")
+            .replace("%7B", "{")
+            .replace("%25", "%");
+        // Only a key this layout would write for that name.
+        (self.lock_key(&name) == format!("{}{{{escaped}}}", self.prefix)).then_some(name)
     }
 
     /// The renewal of `lease` for `ttl_ms`, or `None` if it has no fencing
@@ -975,45 +1243,86 @@ impl Backend for Redis {
     ///   released or expired leaves nothing: `Ok(None)`.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
-        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
-        if self.tokens.is_none() {
-            call.key(self.fence_key(name));
-        }
-        type Answer = (Option<String>, i64, Option<String>);
-        let [(value, pttl, counter)] = &self.run::<Answer>("inspect", &[call]).await?[..] else {
+        let [answer] = &self
+            .run::<InspectAnswer>("inspect", &[self.inspect_call(name)])
+            .await?[..]
+        else {
             return Err(Error::Protocol(
                 "the inspect script answered no value".to_owned(),
             ));
         };
-        let expires_in = match *pttl {
-            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
-            // A lock without expiry (not one of ours): held until deleted.
-            -1 => Some(Duration::MAX),
-            _ => None,
-        };
-        let info = match (value, self.tokens()) {
-            (Some(token), Some(tokens)) => {
-                let holder = tokens
+        Ok(self.lease_info(name, answer))
+    }
+
+    /// Every lease under the prefix: the names found by `SCAN` (never
+    /// `KEYS`) with `MATCH` on the prefix, a step of up to 1,000 keys per
+    /// round trip, then each as [`inspect`](Backend::inspect) answers it
+    /// (its scripts sent together, pipelined), in the order `SCAN` found
+    /// them.
+    ///
+    /// - **Default layout**: the lock keys and the fence keys under the
+    ///   prefix ([Keys](Redis#keys)) name the leases, so a name once
+    ///   acquired is listed as long as its fence key lives, held or not
+    ///   (released ones with an empty `holder`, as `inspect` answers).
+    /// - **Go locker's protocol**: every key under the prefix is taken for
+    ///   a lock (the protocol's keys are `{prefix}{name}`, nothing marks
+    ///   them), so give it a prefix of its own; only live locks exist.
+    ///
+    /// `SCAN` may return a key twice (names are listed once) and misses no
+    /// key that lived through the whole scan; a lease taken or released
+    /// during it may or may not be listed.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        const STEP: u32 = 1000;
+        let pattern = self.scan_pattern();
+        let mut names: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut cursor = "0".to_owned();
+        loop {
+            let mut call = SCRIPTS.scan.prepare_invoke();
+            call.arg(&cursor).arg(&pattern).arg(STEP);
+            let [(next, keys)] = &self.run::<(String, Vec<Vec<u8>>)>("list", &[call]).await?[..]
+            else {
+                return Err(Error::Protocol(
+                    "the scan script answered no value".to_owned(),
+                ));
+            };
+            for key in keys {
+                if let Some(name) = self.name_of_key(key)
+                    && seen.insert(name.clone())
+                {
+                    names.push(name);
+                }
+            }
+            if next == "0" {
+                break;
+            }
+            cursor = next.clone();
+        }
+        let mut leases = Vec::with_capacity(names.len());
+        for chunk in names.chunks(RENEW_MANY_CHUNK) {
+            let calls: Vec<_> = chunk.iter().map(|name| self.inspect_call(name)).collect();
+            let answers = self.run::<InspectAnswer>("list", &calls).await?;
+            leases.extend(
+                chunk
                     .iter()
-                    .find(|((n, _), t)| n == name && *t == token)
-                    .map(|((_, holder), _)| holder.clone())
-                    .unwrap_or_default();
-                Some(LeaseInfo::new(name, holder, expires_in, None))
-            }
-            (None, Some(_)) => None,
-            (Some(value), None) => {
-                let (fence, holder) = match value.split_once(':') {
-                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
-                    None => (None, value.as_str()),
-                };
-                Some(LeaseInfo::new(name, holder, expires_in, fence))
-            }
-            (None, None) => counter.as_deref().map(|counter| {
-                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
-                LeaseInfo::new(name, "", None, fence)
-            }),
-        };
-        Ok(info)
+                    .zip(&answers)
+                    .filter_map(|(name, answer)| self.lease_info(name, answer)),
+            );
+        }
+        Ok(leases)
+    }
+
+    /// One script: `DEL` of the lock key, whoever holds it, and the
+    /// release's `PUBLISH` if it existed. The fence key stays, so the next
+    /// acquisition gets a larger fencing token; the evicted holder's next
+    /// renewal finds no lock and reports the lease lost. In the Go
+    /// locker's protocol, the same `DEL` of `{prefix}{name}`.
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        let mut call = SCRIPTS.force_release.key(self.lock_key(name));
+        call.arg(self.release_channel()).arg(name);
+        let deleted = self.run::<i64>("force_release", &[call]).await?;
+        Ok(deleted.first() == Some(&1))
     }
 
     /// With [`with_pubsub`](Redis::with_pubsub): the release script's
@@ -1054,20 +1363,52 @@ impl Backend for Redis {
             }
         }
         let mut out = vec![false; leases.len()];
-        let calls: Vec<_> = ours
-            .chunks(RENEW_MANY_CHUNK)
-            .map(|chunk| {
-                let mut call = SCRIPTS.renew_many.prepare_invoke();
-                for (i, value, ttl) in chunk {
-                    call.key(self.lock_key(leases[*i].0.name))
-                        .arg(value)
-                        .arg(*ttl);
-                }
-                call
-            })
+        // On a cluster, one script per hash slot (a script's keys must share
+        // one); elsewhere one script for all. `order`: the leases of `ours`
+        // in the order of the scripts' keys.
+        let keys: Vec<String> = ours
+            .iter()
+            .map(|(i, _, _)| self.lock_key(leases[*i].0.name))
             .collect();
+        let slots: Vec<u16> = if self.is_cluster() {
+            keys.iter().map(|k| hash_slot(k)).collect()
+        } else {
+            vec![0; keys.len()]
+        };
+        let mut order: Vec<usize> = (0..ours.len()).collect();
+        order.sort_by_key(|&k| slots[k]);
+        let mut calls = Vec::new();
+        let mut group = (u16::MAX, 0);
+        for &k in &order {
+            let (_, value, ttl) = &ours[k];
+            if calls.is_empty() || group.0 != slots[k] || group.1 == RENEW_MANY_CHUNK {
+                calls.push(SCRIPTS.renew_many.prepare_invoke());
+                group = (slots[k], 0);
+            }
+            group.1 += 1;
+            calls
+                .last_mut()
+                .expect("BUG: a call was pushed")
+                .key(&keys[k])
+                .arg(value)
+                .arg(*ttl);
+        }
         let renewed: Vec<i64> = match self.run::<Vec<i64>>("renew", &calls).await {
-            Ok(renewed) => renewed.into_iter().flatten().collect(),
+            Ok(renewed) => {
+                let in_order: Vec<i64> = renewed.into_iter().flatten().collect();
+                if in_order.len() != ours.len() {
+                    return Err(Error::Protocol(format!(
+                        "the renew script answered {} results for {} leases",
+                        in_order.len(),
+                        ours.len()
+                    )));
+                }
+                let mut renewed = vec![0; ours.len()];
+                for (k, r) in order.iter().zip(in_order) {
+                    renewed[*k] = r;
+                }
+                renewed
+            }
             Err(Error::Redis(e)) if e.code() == Some("CROSSSLOT") => {
                 let calls: Vec<_> = ours
                     .iter()
@@ -1099,6 +1440,18 @@ mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    /// Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+    #[test]
+    fn hash_slots_are_redis_clusters() {
+        assert_eq!(hash_slot("123456789"), 0x31C3); // CRC16-XMODEM check value
+        assert_eq!(hash_slot("foo"), 12182);
+        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
+        assert_eq!(
+            hash_slot("lease:{report}"),
+            hash_slot("lease:{report}:fence")
+        );
+    }
 
     /// A pool that is never connected (creating one needs no server).
     fn backend() -> Redis {

@@ -336,6 +336,19 @@ mod sealed {
         ) -> impl Future<Output = Result<Option<Info>, sqlx::Error>> + Send
         where
             Self: super::Dialect;
+        /// The `list` statement: every row, by name.
+        fn list(
+            t: Ready<'_, Self>,
+        ) -> impl Future<Output = Result<Vec<(String, Info)>, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
+        /// The `force_release` statement: whether it expired a live row.
+        fn force_release(
+            t: Ready<'_, Self>,
+            name: &str,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send
+        where
+            Self: super::Dialect;
         /// [`Backend::released`](crate::Backend::released): polls, unless
         /// the dialect's server pushes releases.
         fn released(
@@ -692,6 +705,33 @@ impl<D: Dialect> Backend for Table<D> {
         Ok(row.map(|info| info.into_lease_info(name)))
     }
 
+    /// One `SELECT` of every row of the table, ordered by name, each as
+    /// [`inspect`](Backend::inspect) reads it: released and expired rows
+    /// too (with `expires_in: None`). A table keeps a row for every name
+    /// ever acquired in it, so the list grows with the names (one per
+    /// tenant, ...), not with the leases held.
+    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+        let t = self.ready().await?;
+        let rows = self.run(|| D::list(t)).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, info)| info.into_lease_info(&name))
+            .collect())
+    }
+
+    /// One `UPDATE` that expires the live row of `name` as a release does
+    /// (`expires_at` at the epoch), whoever holds it; the fence is kept, so
+    /// the next acquisition gets a larger fencing token. The evicted holder
+    /// finds out at its next renewal, which matches no live row: its token
+    /// is cancelled then. `PgTable` notifies the table's channel, as a
+    /// release does, so waiters take it at once. `Ok(false)` when no live
+    /// row was there (free, released, expired, or no row).
+    async fn force_release(&self, name: &str) -> Result<bool> {
+        validate::name(name)?;
+        let t = self.ready().await?;
+        self.run(|| D::force_release(t, name)).await
+    }
+
     /// PostgreSQL: a notification on the table's channel, about one round
     /// trip after the release (see [`PgTable`](crate::backend::PgTable));
     /// MySQL and SQLite: `poll`.
@@ -795,6 +835,12 @@ pub(crate) struct Templates {
     /// The row of one lease ([`Info`]): holder, fence, and microseconds
     /// left by the server's clock; the name bound as the only parameter.
     pub(crate) info: &'static str,
+    /// Every row ([`Info`] with the name first), ordered by name; no
+    /// parameters.
+    pub(crate) list: &'static str,
+    /// Expire the live row of the name bound as the only parameter,
+    /// whoever holds it (the fence is kept); one row matched iff it was live.
+    pub(crate) force_release: &'static str,
 }
 
 /// What the statements of a table look like beyond its name: the SQL put in
@@ -838,6 +884,8 @@ pub(crate) struct Statements {
     pub(crate) renew: Arc<str>,
     pub(crate) release: Arc<str>,
     pub(crate) info: Arc<str>,
+    pub(crate) list: Arc<str>,
+    pub(crate) force_release: Arc<str>,
     /// One per length in [`LIST_SIZES`], or a single statement.
     pub(crate) renew_many: Arc<[Arc<str>]>,
     /// Like `renew_many` (MySQL only, else empty).
@@ -874,6 +922,8 @@ impl Statements {
             renew: fill(templates.renew),
             release: fill(templates.release),
             info: fill(templates.info),
+            list: fill(templates.list),
+            force_release: fill(templates.force_release),
             renew_many: lists(templates.renew_many),
             renewed_many: lists(templates.renewed_many),
         }
@@ -1066,6 +1116,8 @@ mod tests {
         renewed_many: "",
         list_item: "(?, ?)",
         info: "INFO {table} {now}",
+        list: "LIST {table} {now}",
+        force_release: "FORCE {table} {cutoff}",
     };
 
     fn layout() -> Layout {
@@ -1139,10 +1191,17 @@ mod tests {
     fn default_layouts_fill_every_placeholder() {
         fn check<D: Dialect>() {
             let s = Statements::new(&D::TEMPLATES, DEFAULT_TABLE, &D::default_layout());
-            for sql in [&s.acquire, &s.renew, &s.release, &s.info]
-                .into_iter()
-                .chain(s.renew_many.iter())
-                .chain(s.renewed_many.iter())
+            for sql in [
+                &s.acquire,
+                &s.renew,
+                &s.release,
+                &s.info,
+                &s.list,
+                &s.force_release,
+            ]
+            .into_iter()
+            .chain(s.renew_many.iter())
+            .chain(s.renewed_many.iter())
             {
                 assert!(!sql.contains('{'), "{sql}");
             }

@@ -54,6 +54,7 @@ use crate::servers::{PrivateServer, RedisPersistence, signal};
 pub mod breaks;
 mod checker;
 mod report;
+mod timeline;
 pub mod worker;
 
 use checker::{Checker, Section, Write};
@@ -515,6 +516,9 @@ pub struct ScenarioResult {
     pub downtimes: Vec<Duration>,
     /// Required properties that did not hold.
     pub failures: Vec<String>,
+    /// One injection drawn (`None`: none landed); the report writes it
+    /// to `img/` beside itself.
+    pub timeline: Option<crate::plots::Timeline>,
 }
 
 impl ScenarioResult {
@@ -833,6 +837,8 @@ struct Scenario<'a> {
     killed: HashMap<String, i64>,
     /// The slot (and so the proxy) of every holder.
     slots: HashMap<String, usize>,
+    /// When every contender process was started (for the timelines).
+    started: HashMap<String, i64>,
 }
 
 impl<'a> Scenario<'a> {
@@ -876,6 +882,7 @@ impl<'a> Scenario<'a> {
             generation: 0,
             killed: HashMap::new(),
             slots: HashMap::new(),
+            started: HashMap::new(),
         };
         for slot in 0..config.workers {
             let worker = scenario.spawn(slot).map_err(RunError::Failed)?;
@@ -893,6 +900,7 @@ impl<'a> Scenario<'a> {
             self.generation
         );
         self.slots.insert(holder.clone(), slot);
+        self.started.insert(holder.clone(), monotonic_us());
         let port = self.proxies[slot].addr().port();
         let url = match self.backend {
             BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
@@ -1139,35 +1147,7 @@ impl<'a> Scenario<'a> {
                 self.wait_takeover(&victim, ttl * 3).await;
                 event.victim = Some(victim);
             }
-            Fault::Stop => {
-                let slot = self.victim(ttl * 10).await?;
-                let pid = self.workers[slot].child.id().ok_or("victim gone")?;
-                let wakes = self.workers[slot].seen().wakes;
-                event.victim = Some(self.workers[slot].holder.clone());
-                // Variant 0: 2.5 ttl, so that the lease has surely expired
-                // and been taken over. Variant 1: 0.6 to 1.4 ttl, around the
-                // holder's local deadline.
-                let pause = if variant == 0 {
-                    ttl * 5 / 2
-                } else {
-                    ttl.mul_f64(0.6 + 0.8 * fraction())
-                };
-                event.t = monotonic_us();
-                signal(pid, "STOP");
-                tokio::time::sleep(pause).await;
-                signal(pid, "CONT");
-                event.t_lifted = Some(monotonic_us());
-                let limit = Instant::now() + Duration::from_secs(5);
-                while pause > ttl
-                    && Instant::now() < limit
-                    && self.workers[slot].seen().wakes == wakes
-                {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                if pause <= ttl {
-                    tokio::time::sleep(ttl).await;
-                }
-            }
+            Fault::Stop => return self.pauses(event).await,
             Fault::ConnKill => {
                 let slot = self.victim(ttl * 3).await?;
                 let victim = self.workers[slot].holder.clone();
@@ -1253,6 +1233,62 @@ impl<'a> Scenario<'a> {
             }
         }
         Ok(vec![event])
+    }
+
+    /// `stop`: SIGSTOP the holder, SIGCONT it after the variant's pause.
+    /// Variant 0 pauses 2.5 ttl, so that the lease has surely expired and
+    /// been taken over, and is tried up to three times until the victim
+    /// wakes *in its section*: under load, a section can end (its lease
+    /// lost to a late renewal) between choosing the victim and the pause,
+    /// and such a pause shows nothing. Variant 1 pauses 0.6 to 1.4 ttl,
+    /// around the holder's local deadline; either outcome shows something.
+    async fn pauses(&mut self, event: Event) -> Result<Vec<Event>, String> {
+        let ttl = self.config.ttl;
+        let long = event.variant == 0;
+        let mut events = Vec::new();
+        for _ in 0..3 {
+            let mut event = Event {
+                variant: event.variant,
+                ..Event::default()
+            };
+            let slot = self.victim(ttl * 10).await?;
+            let pid = self.workers[slot].child.id().ok_or("victim gone")?;
+            let wakes = self.workers[slot].seen().wakes;
+            event.victim = Some(self.workers[slot].holder.clone());
+            let pause = if long {
+                ttl * 5 / 2
+            } else {
+                ttl.mul_f64(0.6 + 0.8 * fraction())
+            };
+            event.t = monotonic_us();
+            signal(pid, "STOP");
+            tokio::time::sleep(pause).await;
+            signal(pid, "CONT");
+            event.t_lifted = Some(monotonic_us());
+            if !long {
+                tokio::time::sleep(ttl).await;
+                events.push(event);
+                break;
+            }
+            let limit = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < limit && self.workers[slot].seen().wakes == wakes {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let woke = self.workers[slot].seen().wakes != wakes;
+            if !woke {
+                event.missed = Some("the victim's section had ended before the pause".to_owned());
+            }
+            events.push(event);
+            if woke {
+                break;
+            }
+            // Let the contenders settle before trying again.
+            for worker in &mut self.workers {
+                worker.send("hold 0").await;
+            }
+            tokio::time::sleep(ttl).await;
+        }
+        Ok(events)
     }
 
     /// `late-release`, tried up to three times until it happens: the
@@ -1569,6 +1605,15 @@ impl<'a> Scenario<'a> {
                 &mut result,
             );
         }
+        result.timeline = timeline::build(
+            self.config.ttl,
+            self.backend,
+            self.fault,
+            &self.started,
+            &self.killed,
+            events,
+            &sections,
+        );
         Ok(result)
     }
 }
@@ -1692,6 +1737,7 @@ fn analyse(
         taken_during_pause: 0,
         short_pauses: 0,
         failures: Vec::new(),
+        timeline: None,
     };
 
     // Sections that never ended must be explained by a kill.

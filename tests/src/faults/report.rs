@@ -146,6 +146,7 @@ impl Report {
         for r in &self.results {
             let _ = writeln!(s, "{}", self.row(r));
         }
+        s.push_str(&super::timeline::gallery(&self.results));
         let failures = self.failures();
         if failures.is_empty() {
             let _ = writeln!(s, "\nEvery required property held.");
@@ -289,7 +290,12 @@ impl Report {
         format!(
             "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
             r.backend.type_name(),
-            r.fault_label(),
+            // Linked to its timeline (written by `write_into`).
+            if r.timeline.is_some() {
+                format!("[{}]({})", r.fault_label(), super::timeline::path(r))
+            } else {
+                r.fault_label()
+            },
             r.hits,
             r.misses,
             r.completed,
@@ -391,7 +397,8 @@ impl Report {
 
     /// Replace the generated part of the Markdown file at `path` (between
     /// [`MARKERS`]) with this report, keeping the rest; a file without the
-    /// markers gets them appended.
+    /// markers gets them appended. The timelines the report shows are
+    /// written to `img/` beside the file.
     ///
     /// # Errors
     ///
@@ -419,6 +426,7 @@ impl Report {
         {
             std::fs::create_dir_all(dir)?;
         }
+        super::timeline::write_images(&self.results, path.parent().unwrap_or(Path::new("")))?;
         std::fs::write(path, new)
     }
 }

@@ -595,3 +595,157 @@ fn an_election_whose_leader_kept_its_lease_through_the_fault_passes() {
     let failures = leader_again_failures(&[], &[kill_event("a", 500)], &[ended]);
     assert_eq!(failures.len(), 1, "{failures:?}");
 }
+
+#[test]
+fn the_timeline_draws_the_injection_that_cost_the_lease_with_every_process() {
+    let h = |w: &str| format!("pg-table-kill-{w}");
+    let mut killed_section = section(&h("w0-1"), 1, 9_500, None);
+    killed_section.t_end = None;
+    let sections = [
+        // Before the window: not drawn.
+        section(&h("w1-2"), 0, 1_000, Some(1_400)),
+        killed_section,
+        section(&h("w1-2"), 2, 10_840, Some(11_500)),
+    ];
+    // Three from the start, and one replacing the killed one; one more
+    // started after the window (by a later kill).
+    let processes: HashMap<String, i64> = [
+        ("w0-1", 0),
+        ("w1-2", 0),
+        ("w2-3", 0),
+        ("w0-4", 10_005_000),
+        ("w0-5", 60_000_000),
+    ]
+    .into_iter()
+    .map(|(w, t)| (h(w), t))
+    .collect();
+    let killed = [(h("w0-1"), 10_005_000)].into_iter().collect();
+    let missed = Event {
+        missed: Some("the victim's section had ended".to_owned()),
+        ..kill_event(&h("w1-2"), 5_000)
+    };
+    let events = [missed, kill_event(&h("w0-1"), 10_000)];
+    let t = timeline::build(
+        Duration::from_secs(1),
+        BackendKind::PgTable,
+        Fault::Kill,
+        &processes,
+        &killed,
+        &events,
+        &sections,
+    )
+    .expect("a timeline");
+    // A lane per process, the replacement next to the one it replaced.
+    let names: Vec<&str> = t.lanes.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["process 1", "process 4", "process 2", "process 3"]);
+    assert_eq!(t.fault, "SIGKILL of process 1");
+    // The victim: valid until it was killed, 5 ms after the fault.
+    let victim = &t.lanes[0];
+    assert_eq!(victim.bars.len(), 1);
+    assert_eq!(victim.bars[0].fence, Some(1));
+    assert_eq!(victim.bars[0].valid_until_ms, 5.0);
+    assert!(
+        victim
+            .marks
+            .iter()
+            .any(|m| m.kind == crate::plots::MarkKind::Killed && m.at_ms == 5.0)
+    );
+    // The next holder, 840 ms after the fault, and only its section in the window.
+    assert_eq!(t.takeover, Some((2, 840.0)));
+    assert_eq!(t.lanes[2].bars.len(), 1);
+    assert_eq!(t.lanes[2].bars[0].fence, Some(2));
+    assert!(t.from_ms < 0.0 && t.to_ms > 840.0);
+
+    // No fences where the backend has none.
+    let t = timeline::build(
+        Duration::from_secs(1),
+        BackendKind::PgAdvisory,
+        Fault::Kill,
+        &processes,
+        &killed,
+        &events,
+        &sections,
+    )
+    .expect("a timeline");
+    assert!(
+        t.lanes
+            .iter()
+            .flat_map(|l| &l.bars)
+            .all(|b| b.fence.is_none())
+    );
+}
+
+#[test]
+fn no_timeline_where_no_injection_landed() {
+    let missed = Event {
+        missed: Some("no connection of the holder was killed".to_owned()),
+        ..kill_event("a", 1_000)
+    };
+    let t = timeline::build(
+        Duration::from_secs(1),
+        BackendKind::PgTable,
+        Fault::ConnKill,
+        &HashMap::new(),
+        &HashMap::new(),
+        &[missed],
+        &[section("a", 1, 900, Some(1_500))],
+    );
+    assert_eq!(t, None);
+}
+
+#[test]
+fn the_report_links_each_row_to_its_timeline_and_writes_it_beside_itself() {
+    let h = |w: &str| format!("pg-table-kill-{w}");
+    let mut killed_section = section(&h("w0-1"), 1, 9_500, None);
+    killed_section.t_end = None;
+    let sections = [killed_section, section(&h("w1-2"), 2, 10_840, Some(11_500))];
+    let killed = [(h("w0-1"), 10_005)];
+    let events = [kill_event(&h("w0-1"), 10_000)];
+    let victim = h("w0-1");
+    let mut with = run(
+        Fault::Kill,
+        &[(victim.as_str(), 10_005)],
+        &events,
+        &sections,
+        &[],
+    );
+    let killed_us = killed.iter().map(|(h, t)| (h.clone(), t * 1000)).collect();
+    with.timeline = timeline::build(
+        Duration::from_secs(1),
+        BackendKind::PgTable,
+        Fault::Kill,
+        &HashMap::new(),
+        &killed_us,
+        &events,
+        &sections,
+    );
+    assert!(with.timeline.is_some());
+    // A scenario without a picture keeps its plain row.
+    let mut without = with.clone();
+    without.fault = Fault::Stop;
+    without.timeline = None;
+    let report = Report {
+        config: config(),
+        environment: Environment::default(),
+        results: vec![with, without],
+        checker: String::new(),
+        elapsed: Duration::ZERO,
+    };
+    let dir = std::env::temp_dir().join(crate::unique("lease-report"));
+    let doc = dir.join("RELIABILITY.md");
+    report.write_into(&doc, "fault-suite").expect("written");
+    let md = std::fs::read_to_string(&doc).expect("the report");
+    let svg = std::fs::read_to_string(dir.join("img/faults-pg-table-kill.svg"));
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        md.contains("| [kill](img/faults-pg-table-kill.svg) |"),
+        "{md}"
+    );
+    assert!(md.contains("| stop |"), "{md}");
+    assert!(
+        md.contains("![PgTable · kill](img/faults-pg-table-kill.svg)"),
+        "{md}"
+    );
+    assert!(!md.contains("faults-pg-table-stop"), "{md}");
+    assert!(svg.expect("the picture").contains("SIGKILL of process 1"));
+}

@@ -119,6 +119,12 @@ const TEMPLATES: Templates = Templates {
     // take it (the server's clock is constant within a statement).
     info: "SELECT holder, CAST(fence AS SIGNED), TIMESTAMPDIFF(MICROSECOND, {cutoff}, expires_at) \
            FROM {table} WHERE name = ?",
+    // Every row, as `info` reads one.
+    list: "SELECT name, holder, CAST(fence AS SIGNED), \
+           TIMESTAMPDIFF(MICROSECOND, {cutoff}, expires_at) FROM {table} ORDER BY name",
+    // An operator's release: the live row of the name, whoever holds it,
+    // expired as `release` expires it (matched rows: CLIENT_FOUND_ROWS).
+    force_release: "UPDATE {table} SET expires_at = {epoch} WHERE name = ? AND expires_at > {cutoff}",
 };
 
 /// Which clock an `expires_at` column is written and compared with.
@@ -441,6 +447,33 @@ impl sealed::Calls for MySqlDialect {
             fence,
             left_us,
         }))
+    }
+
+    async fn list(t: Ready<'_, Self>) -> Result<Vec<(String, Info)>, sqlx::Error> {
+        /// Name and holder (bytes), fence, microseconds left.
+        type Row = (Vec<u8>, Vec<u8>, i64, Option<i64>);
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
+            .fetch_all(t.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, holder, fence, left_us)| {
+                let info = Info {
+                    holder: String::from_utf8_lossy(&holder).into_owned(),
+                    fence,
+                    left_us,
+                };
+                (String::from_utf8_lossy(&name).into_owned(), info)
+            })
+            .collect())
+    }
+
+    async fn force_release(t: Ready<'_, Self>, name: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(t.sql.force_release.clone()))
+            .bind(name.as_bytes())
+            .execute(t.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// One `UPDATE` per ttl (a `Lease` usually uses few), and a `SELECT`

@@ -93,6 +93,17 @@ const TEMPLATES: Templates = Templates {
            (extract(epoch FROM expires_at - t_now) * 1000000)::int8 \
            FROM (SELECT holder, fence, expires_at, {cutoff} AS t_now FROM {table} \
            WHERE name = $1 OFFSET 0) AS l",
+    // Every row, as `info` reads one.
+    list: "SELECT name::text, holder::text, fence::int8, \
+           (extract(epoch FROM expires_at - t_now) * 1000000)::int8 \
+           FROM (SELECT name, holder, fence, expires_at, {cutoff} AS t_now FROM {table} \
+           OFFSET 0) AS l ORDER BY name",
+    // An operator's release (`lease release --force`): the live row of the
+    // name whoever holds it, expired as `release` expires it and announced
+    // the same way; the fence stays.
+    force_release: "WITH released AS (UPDATE {table} SET expires_at = TIMESTAMPTZ 'epoch' \
+                    WHERE name = $1 AND expires_at > {cutoff} RETURNING name) \
+                    SELECT pg_notify({channel}, name) FROM released",
 };
 
 /// The channel a [`PgTable`] notifies when it releases a lease, and its
@@ -367,6 +378,32 @@ impl sealed::Calls for PgDialect {
             fence,
             left_us,
         }))
+    }
+
+    async fn list(t: Ready<'_, Self>) -> Result<Vec<(String, Info)>, sqlx::Error> {
+        let rows: Vec<(String, String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
+                .fetch_all(t.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, holder, fence, left_us)| {
+                let info = Info {
+                    holder,
+                    fence,
+                    left_us,
+                };
+                (name, info)
+            })
+            .collect())
+    }
+
+    async fn force_release(t: Ready<'_, Self>, name: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(t.sql.force_release.clone()))
+            .bind(name)
+            .execute(t.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// A notification on the table's channel ([`PgTable`]'s push), or `poll`.

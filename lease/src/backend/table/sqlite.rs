@@ -95,6 +95,18 @@ const TEMPLATES: Templates = Templates {
         now_ms!(),
         ") * 1000 FROM {table} WHERE name = ?1"
     ),
+    // Every row, as `info` reads one.
+    list: concat!(
+        "SELECT name, holder, fence, (expires_at - ",
+        now_ms!(),
+        ") * 1000 FROM {table} ORDER BY name"
+    ),
+    // An operator's release: the live row of the name, whoever holds it,
+    // expired as `release` expires it; the fence stays.
+    force_release: concat!(
+        "UPDATE {table} SET expires_at = 0 WHERE name = ?1 AND expires_at > ",
+        now_ms!()
+    ),
 };
 
 /// How long a statement waits for another connection's write lock before it
@@ -294,6 +306,32 @@ impl sealed::Calls for SqliteDialect {
             fence,
             left_us,
         }))
+    }
+
+    async fn list(t: Ready<'_, Self>) -> Result<Vec<(String, Info)>, sqlx::Error> {
+        let rows: Vec<(String, String, i64, Option<i64>)> =
+            sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
+                .fetch_all(t.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, holder, fence, left_us)| {
+                let info = Info {
+                    holder,
+                    fence,
+                    left_us,
+                };
+                (name, info)
+            })
+            .collect())
+    }
+
+    async fn force_release(t: Ready<'_, Self>, name: &str) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(AssertSqlSafe(t.sql.force_release.clone()))
+            .bind(name)
+            .execute(t.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// `(name, ttl, fence)` triples, padded, then the holder; the rows

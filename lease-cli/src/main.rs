@@ -1,0 +1,421 @@
+//! `lease`: run a command on exactly one host of a fleet at a time — a
+//! distributed `flock -n` for cron lines and scripts, with renewal, loss
+//! detection and fencing — and see or end the leases of the `lease` crate.
+//!
+//! The commands (`run`, `list`, `show`, `release --force`, `schema`) and
+//! their exit codes are in `--help` and in the README ("From cron and
+//! scripts"); `run` is in `run.rs`, the backends a URL names in
+//! `store.rs`, and what keeps passwords out of the output in `redact.rs`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use lease::{Backend, Error, LeaseInfo};
+
+mod redact;
+mod run;
+mod store;
+
+use store::{Store, Target, Usage};
+
+/// Exit codes of `lease` itself (CMD's own status passes through `run`).
+pub(crate) mod exit {
+    /// The backend could not be reached or failed (EX_TEMPFAIL: try later).
+    pub(crate) const UNAVAILABLE: u8 = 75;
+    /// The lease was lost while CMD ran; CMD was stopped.
+    pub(crate) const LOST: u8 = 76;
+    /// The URL, the table or an argument cannot be used (EX_CONFIG).
+    pub(crate) const CONFIG: u8 = 78;
+    /// `show`: not held; `release --force`: there was nothing to release.
+    pub(crate) const NOT_HELD: u8 = 1;
+    /// CMD was found but could not be run.
+    pub(crate) const CANNOT_EXECUTE: u8 = 126;
+    /// CMD was not found.
+    pub(crate) const NOT_FOUND: u8 = 127;
+}
+
+const AFTER_HELP: &str = "\
+The URL's scheme picks the backend: postgres:// (a lease table; --advisory for
+advisory locks), mysql:// or mariadb://, redis:// or rediss://, sqlite:PATH.
+TLS: postgres://...?sslmode=require, mysql://...?ssl-mode=required, rediss://.
+Keep passwords off the command line: set LEASE_URL, or use the driver's own
+environment (PGPASSWORD, ~/.pgpass). lease never prints a password.
+
+Exit codes of `lease run`: CMD's own status when it ran (128+N if a signal N
+ended it); 0 when the lease is held elsewhere (or --conflict-exit-code);
+75 when the backend is unreachable; 76 when the lease was lost while CMD ran;
+78 for an unusable URL, table or argument; 126/127 when CMD cannot be run.
+
+Example (crontab):
+  */5 * * * * LEASE_URL=postgres://cron@db/ops lease run --name nightly-report --ttl 90s -- /usr/local/bin/report";
+
+/// Run a command on exactly one host at a time, and see or end leases.
+#[derive(Debug, Parser)]
+#[command(name = "lease", version, about, after_help = AFTER_HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run CMD only while holding the lease NAME.
+    ///
+    /// CMD runs in a process group of its own, with LEASE_NAME, LEASE_HOLDER
+    /// and LEASE_FENCING_TOKEN (when the backend has fencing tokens) in its
+    /// environment, while `lease` renews the lease every ttl/3. If another
+    /// host holds the lease, CMD does not run: a line on stderr, exit 0 (or
+    /// --conflict-exit-code). If the lease is lost while CMD runs, CMD's
+    /// process group gets SIGTERM, then SIGKILL after --kill-after, and
+    /// `lease` exits 76. SIGTERM and SIGINT sent to `lease` are passed on to
+    /// CMD; the lease is released as soon as CMD exits. Otherwise the exit
+    /// status is CMD's.
+    #[command(after_help = AFTER_HELP)]
+    Run(RunArgs),
+    /// List the leases the backend knows of (held or not).
+    List {
+        #[command(flatten)]
+        backend: BackendArgs,
+    },
+    /// Show one lease: its holder, how long it stays held, its fencing token.
+    ///
+    /// Exit 0 when it is held, 1 when it is not.
+    Show {
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// The lease name.
+        name: String,
+    },
+    /// End a lease now, whoever holds it (for a stuck job).
+    ///
+    /// The fencing counter is kept: the next holder gets a larger token. The
+    /// evicted holder learns of it at its next renewal (within ttl/3) and,
+    /// if it is `lease run`, stops its command. Exit 0 when a held lease was
+    /// ended, 1 when it was not held.
+    Release {
+        /// Required: ending someone else's lease is never the default.
+        #[arg(long, required = true)]
+        force: bool,
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// The lease name.
+        name: String,
+    },
+    /// Print the CREATE TABLE of the lease table (or create it with --create).
+    Schema {
+        #[command(flatten)]
+        backend: BackendArgs,
+        /// Create the table if it does not exist, instead of printing it.
+        #[arg(long)]
+        create: bool,
+    },
+}
+
+/// Where the leases are.
+#[derive(Debug, Clone, Args)]
+struct BackendArgs {
+    /// The backend's URL [default: $LEASE_URL].
+    #[arg(
+        long,
+        env = "LEASE_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        default_value = "",
+        hide_default_value = true
+    )]
+    url: String,
+    /// The lease table (table backends; default task_leases).
+    #[arg(long, value_name = "TABLE")]
+    table: Option<String>,
+    /// The key prefix (Redis; default `lease:`).
+    #[arg(long, value_name = "PREFIX")]
+    prefix: Option<String>,
+    /// Use PostgreSQL advisory locks instead of a lease table.
+    #[arg(long)]
+    advisory: bool,
+    /// How long connecting to the backend may take.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    connect_timeout: Duration,
+}
+
+/// The arguments of `lease run`.
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// The lease name (the same on every host that runs this job).
+    #[arg(long, value_name = "NAME")]
+    pub(crate) name: String,
+    /// How long the lease outlives a `lease` that stops renewing it (a crashed host).
+    #[arg(long, value_name = "DURATION", value_parser = duration)]
+    pub(crate) ttl: Duration,
+    /// Wait up to this long for the lease instead of giving up at once.
+    #[arg(long, value_name = "DURATION", default_value = "0s", value_parser = duration)]
+    pub(crate) wait: Duration,
+    /// After the lease is lost: how long CMD has after SIGTERM before SIGKILL.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = duration)]
+    pub(crate) kill_after: Duration,
+    /// Exit with this code when the lease is held elsewhere.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub(crate) conflict_exit_code: u8,
+    /// The holder identity [default: HOSTNAME-PID-RANDOM].
+    #[arg(long, value_name = "HOLDER")]
+    pub(crate) holder: Option<String>,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+/// A duration such as `90s`, `1m30s`, `500ms`.
+fn duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 90s, 1m30s, 500ms)"))
+}
+
+impl BackendArgs {
+    fn target(&self) -> Target {
+        Target {
+            url: self.url.clone(),
+            table: self.table.clone(),
+            prefix: self.prefix.clone(),
+            advisory: self.advisory,
+            connect_timeout: self.connect_timeout,
+        }
+    }
+}
+
+/// Prints to stderr what went wrong, with every password scrubbed.
+pub(crate) struct Report {
+    secrets: redact::Secrets,
+    /// The backend's URL, password hidden.
+    pub(crate) url: String,
+}
+
+impl Report {
+    pub(crate) fn say(&self, line: &str) {
+        eprintln!("lease: {}", self.secrets.scrub(line));
+    }
+
+    /// `e` and its sources, as one line.
+    pub(crate) fn error_text(&self, e: &(dyn std::error::Error + 'static)) -> String {
+        let mut text = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            let s_text = s.to_string();
+            if !text.contains(&s_text) {
+                text.push_str(": ");
+                text.push_str(&s_text);
+            }
+            source = s.source();
+        }
+        self.secrets.scrub(&text)
+    }
+}
+
+/// The exit code for a backend error.
+pub(crate) fn exit_for(e: &Error) -> u8 {
+    match e {
+        Error::Schema { .. }
+        | Error::InvalidName { .. }
+        | Error::InvalidHolder { .. }
+        | Error::InvalidTtl { .. }
+        | Error::InvalidDuration { .. }
+        | Error::InvalidTable { .. }
+        | Error::InvalidPrefix { .. }
+        | Error::Unsupported { .. } => exit::CONFIG,
+        _ => exit::UNAVAILABLE,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Ok(filter) = std::env::var("LEASE_LOG") {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("lease: cannot start: {e}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    let code = runtime.block_on(command(cli.command));
+    // Tasks left (a listener, a lingering scheduler) are not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    ExitCode::from(code)
+}
+
+async fn command(command: Command) -> u8 {
+    let backend = match &command {
+        Command::Run(args) => &args.backend,
+        Command::List { backend }
+        | Command::Show { backend, .. }
+        | Command::Release { backend, .. }
+        | Command::Schema { backend, .. } => backend,
+    };
+    let target = backend.target();
+    let report = Report {
+        secrets: redact::Secrets::of(&target.url),
+        url: redact::url(&target.url),
+    };
+    let store = match Store::open(&target).await {
+        Err(Usage(why)) => {
+            if report.url.is_empty() {
+                report.say(&why);
+            } else {
+                report.say(&format!("{why} (URL {})", report.url));
+            }
+            return exit::CONFIG;
+        }
+        Ok(Err(e)) => {
+            report.say(&format!(
+                "cannot open {}: {}",
+                report.url,
+                report.error_text(&e)
+            ));
+            return exit_for(&e);
+        }
+        Ok(Ok(store)) => store,
+    };
+    let failed = |what: &str, e: &Error| {
+        report.say(&format!(
+            "{what} at {}: {}",
+            report.url,
+            report.error_text(e)
+        ));
+        exit_for(e)
+    };
+    match command {
+        Command::Run(args) => run::run(store, args, &report).await,
+        Command::List { .. } => match store.list().await {
+            Ok(leases) => {
+                print_list(&leases);
+                if let Some(note) = store.list_note() {
+                    report.say(note);
+                }
+                0
+            }
+            Err(e) => failed("cannot list", &e),
+        },
+        Command::Show { name, .. } => match store.inspect(&name).await {
+            Ok(info) => {
+                print_show(&name, info.as_ref());
+                if info.is_some_and(|i| i.is_held()) {
+                    0
+                } else {
+                    exit::NOT_HELD
+                }
+            }
+            Err(e) => failed(&format!("cannot show {name}"), &e),
+        },
+        Command::Release { name, .. } => match store.force_release(&name).await {
+            Ok(true) => {
+                println!("released {name}");
+                0
+            }
+            Ok(false) => {
+                println!("{name} was not held");
+                exit::NOT_HELD
+            }
+            Err(e) => failed(&format!("cannot release {name}"), &e),
+        },
+        Command::Schema { create, .. } => {
+            if create {
+                return match store.ensure_schema().await {
+                    Ok(()) => 0,
+                    Err(e) => failed("cannot create the table", &e),
+                };
+            }
+            match store.schema() {
+                Some(ddl) => println!("{ddl};"),
+                None => println!("-- this backend needs no table"),
+            }
+            0
+        }
+    }
+}
+
+/// How long a lease stays held, for people.
+fn expires(info: &LeaseInfo) -> String {
+    match info.expires_in {
+        None => "-".to_owned(),
+        Some(Duration::MAX) => "no expiry".to_owned(),
+        Some(left) => format!("{:.1}s", left.as_secs_f64()),
+    }
+}
+
+/// The widest a column is padded to; longer cells stick out.
+const MAX_WIDTH: usize = 40;
+
+/// One line per lease, sorted by name, in aligned columns. A closed
+/// stdout (`lease list | head`) ends the listing quietly.
+fn print_list(leases: &[LeaseInfo]) {
+    use std::io::Write;
+    let mut sorted: Vec<&LeaseInfo> = leases.iter().collect();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let rows: Vec<[String; 5]> = sorted
+        .iter()
+        .map(|l| {
+            [
+                l.name.clone(),
+                if l.is_held() { "held" } else { "free" }.to_owned(),
+                if l.holder.is_empty() {
+                    "-".to_owned()
+                } else {
+                    l.holder.clone()
+                },
+                expires(l),
+                l.fencing_token.map_or("-".to_owned(), |f| f.to_string()),
+            ]
+        })
+        .collect();
+    let header = ["NAME", "STATE", "HOLDER", "EXPIRES IN", "FENCE"].map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count()).min(MAX_WIDTH);
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    for row in std::iter::once(&header).chain(&rows) {
+        let cells: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        if writeln!(out, "{}", cells.join("  ").trim_end()).is_err() {
+            return;
+        }
+    }
+}
+
+fn print_show(name: &str, info: Option<&LeaseInfo>) {
+    println!("name: {name}");
+    let Some(info) = info else {
+        println!("state: free (no record)");
+        return;
+    };
+    match info.expires_in {
+        None => println!("state: free (released or expired)"),
+        Some(Duration::MAX) => println!("state: held (no expiry)"),
+        Some(left) => println!("state: held (expires in {:.3}s)", left.as_secs_f64()),
+    }
+    if !info.holder.is_empty() {
+        let last = if info.is_held() {
+            "holder"
+        } else {
+            "last holder"
+        };
+        println!("{last}: {}", info.holder);
+    }
+    if let Some(fence) = info.fencing_token {
+        println!("fencing token: {fence}");
+    }
+}

@@ -1,0 +1,606 @@
+//! [`Etcd`]: one etcd lease per acquisition, transactions for acquire and
+//! release, a keep-alive per renewal.
+//!
+//! # Ground rules
+//!
+//! - The record of a lease name is one key, `{prefix}{name}`, whose value is
+//!   the holder and which is attached to an etcd lease (with a TTL counted by
+//!   the etcd leader). Every acquisition grants a fresh etcd lease; the key
+//!   is created only by a transaction that finds it absent, so the key's
+//!   `create_revision` (the cluster-wide revision of that put) identifies the
+//!   acquisition and is its fencing token.
+//! - Renew and release concern one acquisition: renew keeps alive the etcd
+//!   lease of that acquisition (the key lives exactly as long as it), release
+//!   deletes the key only if its `create_revision` and holder are the
+//!   acquisition's, then revokes the etcd lease.
+//! - Each backend value remembers the etcd lease of each acquisition it made
+//!   (by name, holder and fencing token), shared by its clones. Another value
+//!   (another process) finds it by reading the key once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
+
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
+
+/// Leases as etcd keys attached to etcd leases, with the key's
+/// `create_revision` as the fencing token.
+///
+/// # Calls
+///
+/// - **acquire**: `LeaseGrant` of a new etcd lease with the ttl rounded up to
+///   whole seconds (etcd's unit; the cluster may raise it further to its
+///   minimum, about 1.5 election timeouts), then one transaction: if the key
+///   does not exist, put `holder` in it attached to that lease; otherwise
+///   read it. If the key already holds `holder` (an idempotent re-acquire),
+///   a second transaction moves the key to the new etcd lease (so that it
+///   lives for the ttl asked for now) keeping its `create_revision`, the
+///   fencing token, and the old etcd lease is revoked in the background.
+///   An etcd lease granted but not used is revoked in the background. Two
+///   round trips (three for a re-acquire).
+/// - **renew**: one `LeaseKeepAlive` round trip of the acquisition's etcd
+///   lease, which restarts its TTL (the ttl it was granted: etcd cannot
+///   change a lease's TTL, so a renewal with another ttl keeps the first).
+///   A lease that etcd reports gone (TTL 0: expired or revoked) is lost.
+/// - **release**: one transaction deleting the key iff its `create_revision`
+///   is the acquisition's fencing token and its value the holder, then a
+///   `LeaseRevoke` of the etcd lease.
+///
+/// The ttl the [`Lease`](crate::Lease) engine asked for stays the local
+/// deadline (it is never longer than the etcd lease's TTL), so rounding up
+/// is safe: the holder stops before etcd frees the key. Another holder may
+/// take over only when the etcd lease has expired — up to the rounding, plus
+/// etcd's expiry check (every 500 ms), after the requested ttl.
+///
+/// Every call (all its round trips together) is bounded by the backend's
+/// [timeout](Etcd::with_timeout) (default 5 s), after which it fails with
+/// [`Error::Timeout`].
+///
+/// # Fencing tokens
+///
+/// The key's `create_revision`: the revision of the cluster at the put that
+/// created it. Revisions grow with every write to the cluster, so the
+/// tokens of one name grow strictly with each acquisition (by more than
+/// one), and never go back: a release deletes the key, and the next
+/// acquisition creates it at a later revision. Compaction removes old
+/// revisions from the history, not the `create_revision` of a live key: it
+/// changes nothing for a held lease.
+///
+/// # Faults
+///
+/// - **A member fails** (crash, restart, partition): the cluster goes on
+///   with a majority; requests sent to that member fail (the client is
+///   connected with `require_leader`, so a member cut off from the leader
+///   refuses rather than hangs) and are retried by the engine until the
+///   lease's local deadline, through the other endpoints given to
+///   [`connect`](Etcd::connect). The etcd leases survive: a new leader
+///   restarts every lease's TTL when it takes over, so a held lease is not
+///   lost by a leader change. Without a majority, no request succeeds: the
+///   holder's token is cancelled at its local deadline, and nobody else can
+///   acquire (etcd does not expire leases without a leader) until a
+///   majority is back.
+/// - **Compaction** (`etcdctl compact`, auto-compaction): removes history,
+///   not keys or leases: no effect on a held lease or its fencing token.
+/// - **The etcd lease is revoked** (`etcdctl lease revoke`, an operator, or
+///   another client): etcd deletes the key at once; the holder learns at its
+///   next renewal (within `ttl/3`), whose keep-alive reports the lease gone,
+///   and its token is cancelled. Another holder may acquire in between: as
+///   with any takeover, the fencing token tells them apart. Deleting the
+///   key by hand (`etcdctl del`) without revoking its lease is **not**
+///   noticed by the holder (its etcd lease lives on) while another holder
+///   may acquire: revoke the lease instead.
+///
+/// # Building
+///
+/// `etcd-client` compiles etcd's protobuf definitions in its build script,
+/// which needs `protoc`: install it (`apt-get install protobuf-compiler`,
+/// `brew install protobuf`) or set `PROTOC` to its path. (This repository's
+/// `.cargo/config.toml` points `PROTOC` at a vendored one for its own builds.)
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use lease::{backend::Etcd, Lease};
+///
+/// # #[tokio::main] async fn main() -> Result<(), lease::Error> {
+/// let etcd = Etcd::connect(["http://127.0.0.1:2379", "http://127.0.0.1:22379"])
+///     .await?
+///     .with_prefix("myapp/lease/")?;
+/// let lease = Lease::new(etcd);
+/// if let Some(guard) = lease.try_acquire("nightly-report", Duration::from_secs(30)).await? {
+///     println!("fencing token {:?}", guard.fencing_token());
+///     guard.release().await?;
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Etcd {
+    client: Client,
+    prefix: Arc<str>,
+    timeout: Duration,
+    /// The etcd lease of each acquisition made through this value (and its
+    /// clones), by (name, holder, fencing token).
+    leases: Arc<Mutex<Leases>>,
+}
+
+/// The etcd lease id of each acquisition, by (name, holder, fencing token).
+type Leases = HashMap<(String, String, u64), i64>;
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Etcd {
+    /// The key prefix used unless [`with_prefix`](Etcd::with_prefix) sets another.
+    pub const DEFAULT_PREFIX: &'static str = "lease/";
+    /// The longest key prefix, in bytes.
+    pub const MAX_PREFIX_LEN: usize = 64;
+    /// How long each call may take unless [`with_timeout`](Etcd::with_timeout) says otherwise.
+    pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Connect to the etcd cluster at `endpoints` (such as
+    /// `["http://127.0.0.1:2379"]`), and only those: the client balances its
+    /// requests over them and does not discover other members. Give it
+    /// every member, so that it goes on when one fails.
+    ///
+    /// The connection sends HTTP/2 pings (every 5 s, 2 s to answer) so that
+    /// a member that went silent is noticed, asks for a leader on every
+    /// request (a member cut off from the leader refuses at once), and
+    /// gives up connecting after the default timeout (5 s).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`] for an invalid or empty list of endpoints, or when
+    /// none can be reached.
+    pub async fn connect<E: AsRef<str>>(
+        endpoints: impl IntoIterator<Item = E>,
+    ) -> Result<Self, Error> {
+        let endpoints: Vec<String> = endpoints
+            .into_iter()
+            .map(|e| e.as_ref().to_owned())
+            .collect();
+        let options = ConnectOptions::new()
+            .with_connect_timeout(Self::DEFAULT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        let client = Client::connect(endpoints, Some(options)).await?;
+        Ok(Self::new(client))
+    }
+
+    /// A backend on `client`, with the key prefix `lease/` and a 5 s
+    /// timeout per call. The client's own settings (endpoints, timeouts,
+    /// authentication) apply.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            prefix: Self::DEFAULT_PREFIX.into(),
+            timeout: Self::DEFAULT_TIMEOUT,
+            leases: Arc::default(),
+        }
+    }
+
+    /// Use `prefix` in front of every key (default `lease/`); may be empty.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPrefix`] if `prefix` is longer than 64 bytes or
+    /// contains `{` or `}` (the rule of every backend with a key prefix, so
+    /// that one prefix suits them all).
+    pub fn with_prefix(self, prefix: impl Into<String>) -> Result<Self, Error> {
+        let prefix: String = prefix.into();
+        if prefix.len() > Self::MAX_PREFIX_LEN || prefix.contains(['{', '}']) {
+            return Err(Error::InvalidPrefix {
+                len: prefix.len(),
+                prefix,
+            });
+        }
+        Ok(Self {
+            prefix: prefix.into(),
+            ..self
+        })
+    }
+
+    /// Give every call (all its round trips) at most `timeout` (default 5 s);
+    /// a call that takes longer fails with [`Error::Timeout`]. The engine
+    /// applies its own, often shorter, limits on top (a renewal gets at most
+    /// `ttl/3`).
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self { timeout, ..self }
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The timeout of each call.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The client the backend sends its requests with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The etcd key of the lease `name`: `{prefix}{name}`.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), lease::Error> {
+    /// let etcd = lease::backend::Etcd::connect(["http://127.0.0.1:2379"]).await?;
+    /// assert_eq!(etcd.key("report"), "lease/report");
+    /// # Ok(()) }
+    /// ```
+    pub fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.prefix)
+    }
+
+    /// The etcd lease TTL, in seconds, for a lease of `ttl`: rounded up to
+    /// whole seconds (the cluster may raise it to its minimum).
+    pub fn lease_ttl_secs(ttl: Duration) -> i64 {
+        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+        i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+    }
+
+    /// What [`inspect`](Backend::inspect) answers for the key `kv`.
+    async fn info(&self, kv: &KeyValue) -> Result<LeaseInfo, Error> {
+        let name = String::from_utf8_lossy(&kv.key()[self.prefix.len().min(kv.key().len())..])
+            .into_owned();
+        let expires_in = if kv.lease() == 0 {
+            None
+        } else {
+            let mut client = self.client.clone();
+            let ttl = client
+                .lease_time_to_live(kv.lease(), Some(LeaseTimeToLiveOptions::new()))
+                .await?
+                .ttl();
+            u64::try_from(ttl)
+                .ok()
+                .filter(|&s| s > 0)
+                .map(Duration::from_secs)
+        };
+        Ok(LeaseInfo::new(
+            name,
+            String::from_utf8_lossy(kv.value()),
+            expires_in,
+            fence_of(kv),
+        ))
+    }
+
+    fn leases(&self) -> MutexGuard<'_, Leases> {
+        // Every update is a single insert or remove: a poisoned lock is consistent.
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember(&self, lease: Acquisition<'_>, id: i64) {
+        if let Some(fence) = lease.fencing_token {
+            self.leases()
+                .insert((lease.name.to_owned(), lease.holder.to_owned(), fence), id);
+        }
+    }
+
+    fn forget(&self, lease: Acquisition<'_>) {
+        if let Some(fence) = lease.fencing_token {
+            self.leases()
+                .remove(&(lease.name.to_owned(), lease.holder.to_owned(), fence));
+        }
+    }
+
+    /// Run `call` within the backend's timeout.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| Error::Timeout {
+                operation,
+                after: self.timeout,
+            })?
+    }
+
+    /// Revoke the etcd lease `id` in the background (best effort: an unused
+    /// lease expires by itself at its TTL).
+    fn revoke_later(&self, id: i64) {
+        let mut client = self.client.clone();
+        let timeout = self.timeout;
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(timeout, client.lease_revoke(id)).await;
+            });
+        }
+    }
+
+    /// The etcd lease of `lease`, if that acquisition is still the key's:
+    /// remembered, or read from the key.
+    async fn lease_of(&self, lease: Acquisition<'_>) -> Result<Option<i64>, Error> {
+        let Some(fence) = lease.fencing_token else {
+            return Ok(None);
+        };
+        let remembered = self
+            .leases()
+            .get(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
+            .copied();
+        if remembered.is_some() {
+            return Ok(remembered);
+        }
+        let kv = self.read(lease.name).await?;
+        Ok(kv
+            .filter(|kv| fence_of(kv) == Some(fence) && kv.value() == lease.holder.as_bytes())
+            .map(|kv| kv.lease()))
+    }
+
+    /// The key of `name`, if it exists.
+    async fn read(&self, name: &str) -> Result<Option<KeyValue>, Error> {
+        let mut client = self.client.clone();
+        let mut response = client.get(self.key(name), None).await?;
+        Ok(response.take_kvs().into_iter().next())
+    }
+
+    /// One keep-alive of the etcd lease `id`: `Ok(false)` if etcd reports it
+    /// gone (expired or revoked).
+    async fn keep_alive(&self, id: i64) -> Result<bool, Error> {
+        let mut client = self.client.clone();
+        match client.lease_keep_alive(id).await {
+            Ok((_keeper, _stream)) => Ok(true),
+            // etcd-client's answer to a keep-alive whose reply has TTL 0.
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        let mut client = self.client.clone();
+        let granted = client
+            .lease_grant(Self::lease_ttl_secs(ttl), None)
+            .await?
+            .id();
+        let key = self.key(name);
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                holder,
+                Some(PutOptions::new().with_lease(granted)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let response = match client.txn(txn).await {
+            Ok(response) => response,
+            Err(e) => {
+                self.revoke_later(granted);
+                return Err(e.into());
+            }
+        };
+        if response.succeeded() {
+            let revision = response.header().map(|h| h.revision()).ok_or_else(|| {
+                Error::Protocol("etcd answered a transaction without a header".to_owned())
+            })?;
+            let fence = positive(revision)?;
+            self.remember(Acquisition::new(name, holder, Some(fence)), granted);
+            return Ok(Some(Grant::new(Some(fence))));
+        }
+        let existing = response.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let Some(kv) = existing.filter(|kv| kv.value() == holder.as_bytes()) else {
+            // Held by another holder (or, impossibly, read as absent).
+            self.revoke_later(granted);
+            return Ok(None);
+        };
+        // Held by the same holder: an idempotent re-acquire. The key moves
+        // to the new etcd lease, so that it lives for the ttl asked for now
+        // (the old lease may have been granted a shorter one); `put` keeps
+        // the key's `create_revision`, the fencing token. If the key changed
+        // in between (expired, released), nothing is acquired this time.
+        let fence = positive(kv.create_revision())?;
+        let key = self.key(name);
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
+                Compare::value(key.clone(), CompareOp::Equal, holder),
+            ])
+            .and_then([TxnOp::put(
+                key,
+                holder,
+                Some(PutOptions::new().with_lease(granted)),
+            )]);
+        let moved = match client.txn(txn).await {
+            Ok(response) => response.succeeded(),
+            Err(e) => {
+                self.revoke_later(granted);
+                return Err(e.into());
+            }
+        };
+        if !moved {
+            self.revoke_later(granted);
+            return Ok(None);
+        }
+        if kv.lease() != 0 {
+            // Nothing is attached to the old etcd lease any more.
+            self.revoke_later(kv.lease());
+        }
+        self.remember(Acquisition::new(name, holder, Some(fence)), granted);
+        Ok(Some(Grant::new(Some(fence))))
+    }
+}
+
+/// The fencing token of the key `kv`: its `create_revision`.
+fn fence_of(kv: &KeyValue) -> Option<u64> {
+    u64::try_from(kv.create_revision()).ok().filter(|&f| f > 0)
+}
+
+fn positive(revision: i64) -> Result<u64, Error> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|&r| r > 0)
+        .ok_or_else(|| Error::Protocol(format!("etcd answered the revision {revision}")))
+}
+
+impl Backend for Etcd {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+        validate::call(name, holder, ttl)?;
+        self.bounded("acquire", self.try_acquire(name, holder, ttl))
+            .await
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        validate::call(lease.name, lease.holder, ttl)?;
+        self.bounded("renew", async {
+            let Some(id) = self.lease_of(lease).await? else {
+                return Ok(false);
+            };
+            let alive = self.keep_alive(id).await?;
+            if !alive {
+                self.forget(lease);
+            }
+            Ok(alive)
+        })
+        .await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        let Some(fence) = lease.fencing_token.and_then(|f| i64::try_from(f).ok()) else {
+            return Ok(());
+        };
+        self.bounded("release", async {
+            let key = self.key(lease.name);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, fence),
+                    Compare::value(key.clone(), CompareOp::Equal, lease.holder),
+                ])
+                .and_then([TxnOp::delete(
+                    key,
+                    Some(DeleteOptions::new().with_prev_key()),
+                )]);
+            let mut client = self.client.clone();
+            let response = client.txn(txn).await?;
+            self.forget(lease);
+            let deleted = response.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Delete(mut d) => d.take_prev_kvs().into_iter().next(),
+                _ => None,
+            });
+            if let Some(kv) = deleted.filter(|kv| kv.lease() != 0) {
+                // The key is gone; its etcd lease has nothing left to keep.
+                // A failed revoke only leaves it to expire.
+                let _ = client.lease_revoke(kv.lease()).await;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The key of `name` and its etcd lease's remaining TTL (two round
+    /// trips); `Ok(None)` when there is no key (never acquired, released,
+    /// or expired: etcd deletes the key with its lease).
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
+        validate::name(name)?;
+        self.bounded("inspect", async {
+            match self.read(name).await? {
+                Some(kv) => self.info(&kv).await.map(Some),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Every lease under the prefix (one range read, then one `LeaseTimeToLive`
+    /// per key, sent together), sorted by name; as
+    /// [`inspect`](Backend::inspect) answers each. Names are the keys without
+    /// the prefix (a key that is not UTF-8 is shown lossily).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        self.bounded("list", async {
+            let mut client = self.client.clone();
+            let kvs = client
+                .get(
+                    self.prefix.as_bytes(),
+                    Some(GetOptions::new().with_prefix()),
+                )
+                .await?
+                .take_kvs();
+            let infos = futures_util::future::join_all(kvs.iter().map(|kv| self.info(kv))).await;
+            let mut infos: Vec<LeaseInfo> = infos.into_iter().collect::<Result<_, _>>()?;
+            infos.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(infos)
+        })
+        .await
+    }
+
+    /// End the lease on `name` now, whoever holds it: revoke the etcd lease
+    /// its key is attached to (etcd deletes the key with it). `Ok(true)` if
+    /// a lease was ended, `Ok(false)` if `name` was not held. The evicted
+    /// holder's next renewal finds its etcd lease gone (within `ttl/3`) and
+    /// its token is cancelled; the next acquisition's fencing token is
+    /// larger (revisions only grow).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        self.bounded("force_release", async {
+            let Some(kv) = self.read(name).await? else {
+                return Ok(false);
+            };
+            let mut client = self.client.clone();
+            if kv.lease() == 0 {
+                // Not written by this backend (no etcd lease): delete the
+                // key iff it is still the one read.
+                let txn = Txn::new()
+                    .when([Compare::create_revision(
+                        kv.key().to_vec(),
+                        CompareOp::Equal,
+                        kv.create_revision(),
+                    )])
+                    .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
+                return Ok(client.txn(txn).await?.succeeded());
+            }
+            match client.lease_revoke(kv.lease()).await {
+                Ok(_) => Ok(true),
+                // Expired between the read and the revoke: not held.
+                // ("etcdserver: requested lease not found", gRPC NotFound.)
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.message().contains("lease not found") =>
+                {
+                    Ok(false)
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(10)), 1);
+        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(1_000)), 1);
+        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(1_001)), 2);
+        assert_eq!(Etcd::lease_ttl_secs(Duration::from_secs(86_400)), 86_400);
+    }
+}

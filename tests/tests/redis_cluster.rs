@@ -1,0 +1,125 @@
+//! `Redis` on a 3-master Redis Cluster: `renew_many` splits its batch by
+//! hash slot, so the cluster never sees a script over keys of several slots
+//! (which it refuses with `CROSSSLOT`). The conformance suite runs on the
+//! same kind of cluster (`conformance.rs`, `redis_cluster::*`); the
+//! `CROSSSLOT` fallback for a client that does not know it talks to a
+//! cluster is checked in `lock_backends.rs`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use lease::backend::Redis;
+use lease::{Acquisition, Backend};
+use lease_tests::unique;
+
+/// The sum of a field over the `INFO` sections of every node, e.g.
+/// `cmdstat_evalsha` `calls`.
+async fn stat(nodes: &[String], section: &str, line: &str, field: &str) -> u64 {
+    let mut total = 0;
+    for node in nodes {
+        let client = redis::Client::open(node.as_str()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        for l in info.lines() {
+            if let Some(rest) = l.strip_prefix(line).and_then(|r| r.strip_prefix(':')) {
+                for part in rest.split(',') {
+                    if let Some(v) = part.strip_prefix(field).and_then(|v| v.strip_prefix('=')) {
+                        total += v.trim().parse::<u64>().unwrap();
+                    }
+                }
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_many_sends_one_script_per_hash_slot() {
+    lease_tests::init_tracing();
+    let Some(cluster) = lease_tests::clusters::redis_cluster() else {
+        return;
+    };
+    let nodes = cluster.nodes();
+    let backend = Redis::cluster(&nodes).await.unwrap();
+    assert!(backend.is_cluster());
+    let ttl = Duration::from_secs(30);
+    let holder = unique("holder");
+    // Names spread over the three masters' slots.
+    let names: Vec<String> = (0..60)
+        .map(|i| unique(&format!("slot-split-{i}")))
+        .collect();
+    let mut fences = Vec::new();
+    for name in &names {
+        fences.push(
+            backend
+                .acquire(name, &holder, ttl)
+                .await
+                .unwrap()
+                .unwrap()
+                .fencing_token,
+        );
+    }
+    let slots: HashSet<i64> = {
+        let client = redis::cluster::ClusterClient::new(nodes.clone()).unwrap();
+        let mut c = client.get_async_connection().await.unwrap();
+        let mut slots = HashSet::new();
+        for name in &names {
+            let slot: i64 = redis::cmd("CLUSTER")
+                .arg("KEYSLOT")
+                .arg(backend.lock_key(name))
+                .query_async(&mut c)
+                .await
+                .unwrap();
+            slots.insert(slot);
+        }
+        slots
+    };
+    let batch: Vec<_> = names
+        .iter()
+        .zip(&fences)
+        .map(|(name, fence)| (Acquisition::new(name, &holder, *fence), ttl))
+        .collect();
+    // Once first, so that every master has the script loaded (a first
+    // `EVALSHA` answered `NOSCRIPT` is sent again).
+    assert_eq!(
+        backend.renew_many(&batch).await.unwrap(),
+        vec![true; names.len()]
+    );
+    let scripts_before = stat(&nodes, "commandstats", "cmdstat_evalsha", "calls").await
+        + stat(&nodes, "commandstats", "cmdstat_eval", "calls").await;
+    let crossslot_before = stat(&nodes, "errorstats", "errorstat_CROSSSLOT", "count").await;
+
+    assert_eq!(
+        backend.renew_many(&batch).await.unwrap(),
+        vec![true; names.len()]
+    );
+
+    let scripts = stat(&nodes, "commandstats", "cmdstat_evalsha", "calls").await
+        + stat(&nodes, "commandstats", "cmdstat_eval", "calls").await
+        - scripts_before;
+    let crossslot =
+        stat(&nodes, "errorstats", "errorstat_CROSSSLOT", "count").await - crossslot_before;
+    assert_eq!(
+        crossslot, 0,
+        "a script over keys of several slots reached the cluster"
+    );
+    assert_eq!(
+        scripts,
+        slots.len() as u64,
+        "one renew script per hash slot of the batch ({} slots for {} leases)",
+        slots.len(),
+        names.len()
+    );
+    for (name, fence) in names.iter().zip(&fences) {
+        backend
+            .release(Acquisition::new(name, &holder, *fence))
+            .await
+            .unwrap();
+    }
+}
