@@ -53,6 +53,8 @@ pub(crate) struct Handover {
     pub(crate) crash: Stats,
     /// Whether the backend can push releases in this run.
     pub(crate) pushes: bool,
+    /// Every sample of [`push`](Self::push) and [`poll`](Self::poll), for the plot.
+    pub(crate) samples: (Vec<Duration>, Vec<Duration>),
 }
 
 /// How many samples of each kind.
@@ -367,9 +369,11 @@ pub(crate) async fn handover(
         let name = format!("{run}-crash-{i}");
         crash.push(one_crash(t, &pushing, &held, &name, crash_ttl).await?);
     }
+    let samples = (push.clone(), poll.clone());
     Ok(Handover {
         rtt,
         ttl,
+        samples,
         push: Stats::of(&mut push),
         woken: Stats::of(&mut woken),
         phases: [

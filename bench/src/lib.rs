@@ -618,6 +618,9 @@ fn report(
         all.iter()
             .filter_map(|r| Some((r.label, r.handover.as_ref()?))),
     );
+    if all.iter().any(|r| r.handover.is_some()) {
+        plots::embed(&mut s, plots::HANDOVER);
+    }
     let _ = Stats::default();
     let unmet = checks.iter().filter(|c| !c.met()).count();
     let _ = writeln!(s, "\n### Checks\n");

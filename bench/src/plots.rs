@@ -101,18 +101,36 @@ pub(crate) fn plots(all: &[Results]) -> Vec<Plot> {
             svg: scale_svg(&scale),
         });
     }
+    let ms = |d: &Vec<std::time::Duration>| {
+        d.iter()
+            .map(|d| d.as_secs_f64() * 1e3)
+            .collect::<Vec<f64>>()
+    };
+    let handovers: Vec<HandoverSeries> = all
+        .iter()
+        .filter_map(|r| {
+            let h = r.handover.as_ref()?;
+            Some(HandoverSeries {
+                label: r.label.to_owned(),
+                push: if h.pushes {
+                    ms(&h.samples.0)
+                } else {
+                    Vec::new()
+                },
+                poll: ms(&h.samples.1),
+            })
+        })
+        .collect();
+    if !handovers.is_empty() {
+        plots.push(handover(&handovers));
+    }
     plots
 }
 
 /// The hand-over plot, from per-backend samples (ms) with push and with
 /// polling alone.
 ///
-/// Wiring point for the benchmark's hand-over section: push the result
-/// into [`Report::plots`](crate::Report::plots) and embed it with
-/// `embed(&mut s, HANDOVER)` after that section's table, as `plots` and
-/// `report` do for the overhead.
-// Not called until the hand-over section lands.
-#[allow(dead_code)]
+/// [`plots`] adds it when the run has a hand-over section.
 pub(crate) fn handover(series: &[HandoverSeries]) -> Plot {
     Plot {
         path: HANDOVER.0,

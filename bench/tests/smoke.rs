@@ -70,7 +70,11 @@ async fn quick_mode_runs_and_meets_the_requirements() {
 
     // The plots the report embeds were drawn, with every backend, and the
     // report shows them.
-    for path in ["img/bench-overhead.svg", "img/bench-scale.svg"] {
+    for path in [
+        "img/bench-overhead.svg",
+        "img/bench-scale.svg",
+        "img/bench-handover.svg",
+    ] {
         let plot = report.plots.iter().find(|p| p.path == path);
         assert!(plot.is_some_and(|p| p.svg.starts_with("<svg")), "no {path}");
         assert!(
@@ -78,11 +82,13 @@ async fn quick_mode_runs_and_meets_the_requirements() {
             "{path} not embedded"
         );
     }
-    let overhead = report
-        .plots
-        .iter()
-        .find(|p| p.path == "img/bench-overhead.svg")
-        .map_or("", |p| p.svg.as_str());
+    let plot = |path: &str| {
+        report
+            .plots
+            .iter()
+            .find(|p| p.path == path)
+            .map_or("", |p| p.svg.as_str())
+    };
     for backend in [
         "PgTable",
         "MySqlTable",
@@ -90,10 +96,9 @@ async fn quick_mode_runs_and_meets_the_requirements() {
         "Redis",
         "PgAdvisory",
     ] {
-        assert!(
-            overhead.contains(backend),
-            "{backend} not in the overhead plot"
-        );
+        for path in ["img/bench-overhead.svg", "img/bench-handover.svg"] {
+            assert!(plot(path).contains(backend), "{backend} not in {path}");
+        }
     }
 
     // A check not met is measured once more, on its own backend and section:

@@ -164,9 +164,12 @@ fn spreads(
                 ))
                 .map_err(|e| e.to_string())?;
             for (k, (colour, _, q)) in pair.iter().enumerate() {
-                if q.iter().any(|v| !v.is_finite() || *v <= 0.0) {
+                if q.iter().any(|v| !v.is_finite()) || q[2] <= 0.0 {
                     continue;
                 }
+                // A log scale has no 0: a quantile of 0 (a hand-over done
+                // before `release()` returned) is drawn at the axis' foot.
+                let q = &q.map(|v| if v > 0.0 { v } else { lo });
                 let c = x + 0.3 + 0.4 * k as f64;
                 let w = 0.12;
                 let [p5, p25, p50, p75, p95] = *q;
@@ -209,7 +212,7 @@ fn spreads(
                     .draw_series(std::iter::once(
                         EmptyElement::at((x + 0.5, top_of))
                             + Text::new(
-                                format!("×{:.2}", subject / base),
+                                ratio_label(subject / base),
                                 (0, -6),
                                 text(14, &INK, HPos::Center, VPos::Bottom),
                             ),
@@ -242,7 +245,7 @@ fn spreads(
         }
         bottom
             .draw(&Text::new(
-                "box: 25th–75th percentile, line: median, whiskers: 5th–95th; ×: ratio of the medians"
+                "box: 25th–75th percentile, line: median, whiskers: 5th–95th; ×, ÷: ratio of the medians"
                     .to_owned(),
                 (20, 40),
                 text(12, &INK, HPos::Left, VPos::Center),
@@ -431,4 +434,14 @@ fn panel(
             .map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// The ratio of two medians as a label: `×1.07` near one, `÷270` far below
+/// it (where two decimals would read `×0.00`).
+fn ratio_label(ratio: f64) -> String {
+    if ratio < 0.1 {
+        format!("÷{:.0}", 1.0 / ratio)
+    } else {
+        format!("×{ratio:.2}")
+    }
 }
