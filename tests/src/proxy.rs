@@ -211,6 +211,9 @@ struct Shared {
     recording: AtomicBool,
     replies: Mutex<Vec<i64>>,
     last_activity: AtomicI64,
+    /// When each client connection's reading side ended (EOF or error), in
+    /// µs of [`monotonic_us`].
+    client_closes: Mutex<Vec<i64>>,
 }
 
 impl Shared {
@@ -260,6 +263,7 @@ impl FaultProxy {
             recording: AtomicBool::new(false),
             replies: Mutex::new(Vec::new()),
             last_activity: AtomicI64::new(0),
+            client_closes: Mutex::new(Vec::new()),
         });
         let accept = shared.clone();
         let task = tokio::spawn(async move {
@@ -374,6 +378,22 @@ impl FaultProxy {
         let open = self.connections();
         self.shared.reset.notify_waiters();
         open
+    }
+
+    /// When client connections stopped sending (EOF or error: the client
+    /// closed them, or its process died) within `[from, to]`, in µs of
+    /// [`monotonic_us`]. A killed process's connections close when it dies,
+    /// so the latest of these that follows a SIGKILL is no earlier than its
+    /// death, and the server cannot have seen them close before.
+    pub fn client_closes_between(&self, from: i64, to: i64) -> Vec<i64> {
+        self.shared
+            .client_closes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .filter(|t| (from..=to).contains(t))
+            .collect()
     }
 
     /// How many connections are open through the proxy.
@@ -510,6 +530,13 @@ async fn pump(
             if tx.send((at, buf[..n].to_vec(), held)).is_err() {
                 return;
             }
+        }
+        if direction == Direction::Up {
+            shared
+                .client_closes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(monotonic_us());
         }
     };
     let write = async move {

@@ -1141,8 +1141,20 @@ impl<'a> Scenario<'a> {
                 event.t = monotonic_us();
                 let _ = self.workers[slot].child.start_kill();
                 let _ = self.workers[slot].child.wait().await;
-                // Reaped: it cannot have acted after this.
-                self.killed.insert(victim.clone(), monotonic_us());
+                // Reaped: it cannot have acted after this. It died earlier:
+                // no later than the last of its connections that closed
+                // after the SIGKILL (the kernel closes them at its exit; a
+                // lock that ends with the session, PgAdvisory's, is free
+                // only after the server saw that close). The reaping alone
+                // can come milliseconds later on a busy machine, and a
+                // contender's grant in between is no overlap.
+                let reaped = monotonic_us();
+                let died = self.proxies[slot]
+                    .client_closes_between(event.t, reaped)
+                    .into_iter()
+                    .max()
+                    .unwrap_or(reaped);
+                self.killed.insert(victim.clone(), died);
                 self.workers[slot] = self.spawn(slot)?;
                 self.wait_takeover(&victim, ttl * 3).await;
                 event.victim = Some(victim);
@@ -1614,6 +1626,9 @@ impl<'a> Scenario<'a> {
             events,
             &sections,
         );
+        if let Some(t) = result.timeline.as_mut().filter(|_| result.election) {
+            t.title.push_str(" (election)");
+        }
         Ok(result)
     }
 }
