@@ -191,16 +191,25 @@ impl EtcdCluster {
 /// gone, the watchdog kills the program and — if this process is gone —
 /// deletes `dir`.
 fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
+    watched_for(std::process::id(), dir, program, args)
+}
+
+/// [`watched`], for the process `owner` (tests use another owner).
+fn watched_for(owner: u32, dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
     use std::os::unix::process::CommandExt;
+    // `kill -0` alone would count a dead but unreaped owner (a zombie) as
+    // alive: its parent may not have waited for it yet, or it was orphaned
+    // under an init that never reaps (as in some containers).
     let script = "owner=$1; dir=$2; shift 2; \"$@\" & m=$!; \
-         while kill -0 \"$owner\" 2>/dev/null && kill -0 \"$m\" 2>/dev/null; do sleep 0.5; done; \
+         alive() { kill -0 \"$1\" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' /proc/\"$1\"/status; }; \
+         while alive \"$owner\" && kill -0 \"$m\" 2>/dev/null; do sleep 0.5; done; \
          kill -9 \"$m\" 2>/dev/null; wait \"$m\" 2>/dev/null; \
-         kill -0 \"$owner\" 2>/dev/null || rm -rf \"$dir\"";
+         alive \"$owner\" || rm -rf \"$dir\"";
     Command::new("sh")
         .arg("-c")
         .arg(script)
         .arg("sh")
-        .arg(std::process::id().to_string())
+        .arg(owner.to_string())
         .arg(dir)
         .arg(program)
         .args(args)
@@ -422,5 +431,119 @@ impl Drop for EtcdCluster {
             Self::kill_member(member);
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Is `pid` a running process (not gone, not a zombie)?
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+            !s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    }
+
+    /// The running processes of process group `pgid`, other than its leader.
+    fn members(pgid: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid pgrp ...
+            let fields: Vec<&str> = stat[stat.rfind(')').unwrap_or(0) + 1..]
+                .split_whitespace()
+                .collect();
+            if pid != pgid && fields.get(2) == Some(&pgid.to_string().as_str()) && running(pid) {
+                out.push(pid);
+            }
+        }
+        out
+    }
+
+    /// An owner process, a directory named after it, and a watched `sleep`
+    /// whose command line (like Redis', which renames itself) does not name
+    /// the directory.
+    fn setup() -> (Child, PathBuf, Child, u32) {
+        let owner = Command::new("sleep").arg("600").spawn().expect("owner");
+        let dir = std::env::temp_dir().join(format!(
+            "{DIR_PREFIX}{}.{}",
+            owner.id(),
+            crate::unique("watchdog-test")
+        ));
+        std::fs::create_dir(&dir).expect("dir");
+        let sleep = binary("SLEEP", &["sleep"], &[]).expect("sleep");
+        let watchdog =
+            watched_for(owner.id(), &dir, &sleep, &["600".to_owned()]).expect("watchdog");
+        let start = Instant::now();
+        let program = loop {
+            if let Some(&pid) = members(watchdog.id()).first() {
+                break pid;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the program did not start"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        (owner, dir, watchdog, program)
+    }
+
+    fn gone_within(pid: u32, limit: Duration) -> bool {
+        let start = Instant::now();
+        while running(pid) {
+            if start.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// The clean-up of leftovers, run the moment the owner is gone (before
+    /// its watchdog's next look), ends the watched program too — which does
+    /// not name the directory on its command line — not only the watchdog.
+    #[test]
+    fn leftovers_are_killed_with_their_whole_group() {
+        let (mut owner, dir, watchdog, program) = setup();
+        owner.kill().expect("kill owner");
+        owner.wait().expect("reap owner");
+        kill_leftovers();
+        let gone = gone_within(program, Duration::from_secs(3));
+        kill_group(watchdog);
+        crate::servers::signal(program, "KILL");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            gone,
+            "the watched program outlived the clean-up of its watchdog"
+        );
+    }
+
+    /// An owner that died but was not reaped (a zombie: its parent has not
+    /// waited for it, or it was orphaned under an init that never reaps)
+    /// counts as gone: the watchdog ends its program.
+    #[test]
+    fn a_zombie_owner_counts_as_gone() {
+        let (mut owner, dir, watchdog, program) = setup();
+        owner.kill().expect("kill owner");
+        let gone = gone_within(program, Duration::from_secs(5));
+        let _ = owner.wait();
+        kill_group(watchdog);
+        crate::servers::signal(program, "KILL");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(
+            gone,
+            "the watchdog kept its program while the owner was a zombie"
+        );
     }
 }

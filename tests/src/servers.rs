@@ -655,6 +655,28 @@ pub fn signal(pid: u32, signal: &str) {
         .status();
 }
 
+/// Send `signal` to the process group `pgid`.
+fn signal_group(pgid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Does `pid` lead its process group?
+fn leads_group(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        stat[stat.rfind(')').map_or(0, |i| i + 1)..]
+            .split_whitespace()
+            .nth(2)
+            == Some(pid.to_string().as_str())
+    })
+}
+
 /// The last lines of a log file.
 fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -738,7 +760,13 @@ pub(crate) fn kill_leftovers() {
     let tmp = std::env::temp_dir();
     let marker = tmp.join(DIR_PREFIX);
     let marker = marker.to_string_lossy().into_owned();
-    let owner_alive = |owner: &str| Path::new("/proc").join(owner).exists();
+    // A zombie (dead, not yet reaped) is not alive.
+    let owner_alive = |owner: &str| {
+        std::fs::read_to_string(Path::new("/proc").join(owner).join("status")).is_ok_and(|s| {
+            !s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    };
     let owner_of = |text: &str| -> Option<String> {
         let rest = &text[text.find(&marker)? + marker.len()..];
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -759,6 +787,13 @@ pub(crate) fn kill_leftovers() {
         if let Some(owner) = owner_of(&cmdline)
             && !owner_alive(&owner)
         {
+            // A watchdog of `clusters` leads a process group with its
+            // server, whose command line may not name the directory (Redis
+            // renames itself): kill the whole group, or the server would
+            // outlive its watchdog.
+            if leads_group(pid) {
+                signal_group(pid, "KILL");
+            }
             signal(pid, "KILL");
         }
     }
