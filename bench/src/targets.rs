@@ -294,8 +294,10 @@ impl Target {
                     .await?;
                 Ok(fence > 0)
             }
-            Target::PgAdvisory(_, pool) => {
-                let key = PgAdvisory::key(name);
+            Target::PgAdvisory(b, pool) => {
+                // Derived once per name, as a program would keep it (the
+                // backend keeps its keys too: `PgAdvisory::lock_key`).
+                let key = b.lock_key(name);
                 let mut conn = pool.acquire().await?;
                 let (locked, _pid): (bool, i32) =
                     sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
@@ -315,10 +317,14 @@ impl Target {
 
     /// `PgAdvisory` only: sqlx's own `PgAdvisoryLock` try-acquire and release.
     pub(crate) async fn sqlx_lock_cycle(&self, name: &str) -> Result<bool, BoxError> {
-        let Target::PgAdvisory(_, pool) = self else {
+        let Target::PgAdvisory(b, pool) = self else {
             return Err("sqlx's PgAdvisoryLock is a PgAdvisory baseline only".into());
         };
-        let lock = sqlx::postgres::PgAdvisoryLock::new(name);
+        // The same key as `PgAdvisoryLock::new(name)`, not derived again on
+        // every cycle (a program keeps its lock value).
+        let lock = sqlx::postgres::PgAdvisoryLock::with_key(
+            sqlx::postgres::PgAdvisoryLockKey::BigInt(b.lock_key(name)),
+        );
         let conn = pool.acquire().await?;
         match lock.try_acquire(conn).await? {
             sqlx::Either::Left(guard) => {

@@ -244,8 +244,11 @@ impl Lease {
         let mut answered = false;
         loop {
             // Registered before the attempt: a release right after a failed
-            // attempt still wakes us.
-            let freed = self.waiter(name, ttl);
+            // attempt still wakes us. Without a wait there is nothing to
+            // wake: a single attempt registers nothing with the backend
+            // (which, for a push backend, would be a subscription kept open
+            // and a key derived for nothing).
+            let freed = (!wait.is_zero()).then(|| self.waiter(name, ttl));
             match self.attempt(name, ttl, max_hold).await {
                 Ok(Some(guard)) => return Ok(Some(guard)),
                 Ok(None) => answered = true,
@@ -259,12 +262,12 @@ impl Lease {
                     error = Some(e);
                 }
             }
-            if tokio::time::Instant::now() >= until {
+            let Some(freed) = freed.filter(|_| tokio::time::Instant::now() < until) else {
                 return match error {
                     Some(e) if !answered => Err(e),
                     _ => Ok(None),
                 };
-            }
+            };
             tokio::select! {
                 () = freed => {}
                 () = tokio::time::sleep_until(until) => {}
@@ -467,6 +470,77 @@ fn default_holder() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Memory;
+    use crate::{Acquisition, Grant};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// [`Memory`], counting the waiters registered with it.
+    #[derive(Clone, Default)]
+    struct Counting {
+        inner: Memory,
+        registered: Arc<AtomicUsize>,
+    }
+
+    impl Backend for Counting {
+        async fn acquire(
+            &self,
+            name: &str,
+            holder: &str,
+            ttl: Duration,
+        ) -> Result<Option<Grant>, Error> {
+            self.inner.acquire(name, holder, ttl).await
+        }
+        async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+            self.inner.renew(lease, ttl).await
+        }
+        async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+            self.inner.release(lease).await
+        }
+        fn released(
+            &self,
+            name: &str,
+            poll: Duration,
+        ) -> impl Future<Output = ()> + Send + 'static {
+            self.registered.fetch_add(1, Ordering::SeqCst);
+            self.inner.released(name, poll)
+        }
+    }
+
+    /// A single attempt (no wait) registers no waiter with the backend —
+    /// on a push backend that is a subscription and, on `PgAdvisory`, a
+    /// key derivation, for nothing — while a wait still registers before
+    /// its first attempt.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_wait_registers_a_waiter() {
+        let backend = Counting::default();
+        let registered = backend.registered.clone();
+        let lease = Lease::with_holder(backend.clone(), "a");
+        let ttl = Duration::from_secs(10);
+        assert!(matches!(
+            lease.with_lease("n", ttl, |_| async {}).await,
+            Outcome::Ran(())
+        ));
+        let guard = lease.try_acquire("n", ttl).await.unwrap().expect("free");
+        let other = Lease::with_holder(backend, "b");
+        assert!(other.try_acquire("n", ttl).await.unwrap().is_none());
+        assert_eq!(
+            registered.load(Ordering::SeqCst),
+            0,
+            "a single attempt registered a waiter"
+        );
+        assert!(
+            other
+                .acquire("n", ttl, Duration::from_millis(50))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            registered.load(Ordering::SeqCst) >= 1,
+            "a wait registered no waiter"
+        );
+        guard.release().await.unwrap();
+    }
 
     #[test]
     fn default_holder_shape() {

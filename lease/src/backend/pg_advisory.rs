@@ -25,6 +25,9 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
      AND classid::int8 = (($1::int8 >> 32) & 4294967295) \
      AND objid::int8 = ($1::int8 & 4294967295))";
 
+/// How many derived keys a backend keeps ([`PgAdvisory::lock_key`]).
+const KEY_CACHE: usize = 1024;
+
 /// The channel every `PgAdvisory` notifies when it unlocks a key, with the
 /// key (in decimal) as the payload. (A `PgTable`'s channel always has a
 /// `:`, this one none: they never meet.)
@@ -255,6 +258,10 @@ pub struct PgAdvisory {
     held: Arc<Mutex<HeldLocks>>,
     /// The advisory-lock key of a lease name ([`PgAdvisory::with_key`]).
     key_of: fn(&str) -> i64,
+    /// Keys already derived by `key_of`, by name: [`PgAdvisory::key`] is a
+    /// keyed hash (HKDF-SHA-256) that cost about as much CPU as the rest of
+    /// a `with_lease` cycle's own work together (a callgrind profile).
+    keys: Arc<Mutex<HashMap<Box<str>, i64>>>,
     /// The waiters' listener, started by the first waiter and stopped
     /// with the last clone ([`Backend::released`]).
     push: Arc<OnceLock<Push<PgSource>>>,
@@ -565,6 +572,7 @@ impl PgAdvisory {
             pool,
             held: Arc::default(),
             key_of: Self::key,
+            keys: Arc::default(),
             push: Arc::default(),
         }
     }
@@ -603,6 +611,8 @@ impl PgAdvisory {
     pub fn with_key(self, key: fn(&str) -> i64) -> Self {
         Self {
             key_of: key,
+            // Keys derived the old way must not be used.
+            keys: Arc::default(),
             ..self
         }
     }
@@ -611,7 +621,20 @@ impl PgAdvisory {
     /// [`key`](PgAdvisory::key) unless [`with_key`](PgAdvisory::with_key)
     /// set another derivation.
     pub fn lock_key(&self, name: &str) -> i64 {
-        (self.key_of)(name)
+        let keys = || self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&key) = keys().get(name) {
+            return key;
+        }
+        // Derived outside the lock: other names need not wait for it.
+        let key = (self.key_of)(name);
+        let mut keys = keys();
+        if keys.len() >= KEY_CACHE {
+            // Names a process uses are few; a program that makes up new
+            // ones without end pays a derivation each, as without the cache.
+            keys.clear();
+        }
+        keys.insert(name.into(), key);
+        key
     }
 
     /// The default advisory-lock key of a lease name: exactly the key of sqlx's
@@ -1014,7 +1037,49 @@ impl Backend for PgAdvisory {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    use super::{KEY_CACHE, PgAdvisory};
+
+    /// A backend on a pool that never connects (keys need no server).
+    fn offline() -> PgAdvisory {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("lazy pool");
+        PgAdvisory::new(pool)
+    }
+
+    static DERIVED: AtomicUsize = AtomicUsize::new(0);
+
+    fn counted(name: &str) -> i64 {
+        DERIVED.fetch_add(1, Ordering::SeqCst);
+        PgAdvisory::key(name)
+    }
+
+    /// A name's key is derived once, not on every call; past the cache's
+    /// size every name still gets its own key; and a backend given another
+    /// derivation does not use keys derived the old way.
+    #[tokio::test]
+    async fn keys_are_derived_once_per_name() {
+        let advisory = offline().with_key(counted);
+        for _ in 0..10 {
+            assert_eq!(advisory.lock_key("nightly"), PgAdvisory::key("nightly"));
+        }
+        assert_eq!(DERIVED.load(Ordering::SeqCst), 1, "derived on every call");
+        for i in 0..2 * KEY_CACHE + 1 {
+            let name = format!("name-{i}");
+            assert_eq!(advisory.lock_key(&name), PgAdvisory::key(&name));
+            assert_eq!(advisory.lock_key(&name), PgAdvisory::key(&name));
+        }
+        fn seven(_: &str) -> i64 {
+            7
+        }
+        let plain = offline();
+        assert_eq!(plain.lock_key("nightly"), PgAdvisory::key("nightly"));
+        let other = plain.clone().with_key(seven);
+        assert_eq!(other.lock_key("nightly"), 7);
+        assert_eq!(plain.lock_key("nightly"), PgAdvisory::key("nightly"));
+    }
 
     /// Sets its flag when dropped.
     struct Flag(Arc<AtomicBool>);
