@@ -215,8 +215,11 @@ fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String>
 
 /// Kill the process group led by `child` (a [`watched`] watchdog and its program).
 fn kill_group(mut child: Child) {
+    // `--`: procps' `kill -KILL -PGID` (without it) exits 0 having killed
+    // nothing, and the `wait` below would then wait for ever.
     let _ = Command::new("kill")
         .arg("-KILL")
+        .arg("--")
         .arg(format!("-{}", child.id()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
