@@ -134,6 +134,7 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
         });
     };
     let advisory = m.label == "PgAdvisory";
+    let etcd = m.label == "Etcd";
     if let Some(rt) = m.round_trips
         && rt.counted
     {
@@ -141,7 +142,7 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
         check(
             "rt",
             rt_check("floor cycle (the backend's acquire and release statements, sent directly)"),
-            Exactly(2.0),
+            Exactly(if etcd { 4.0 } else { 2.0 }),
             rt.floor,
         );
         if rt.acquire_with_release {
@@ -167,26 +168,37 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
                 rt.renew_many,
             );
         } else {
-            check("rt", rt_check("acquire"), Exactly(1.0), rt.acquire);
+            // etcd: a grant and a transaction to acquire, a transaction and
+            // a revoke to release.
+            let per = if etcd { 2.0 } else { 1.0 };
+            check("rt", rt_check("acquire"), Exactly(per), rt.acquire);
             check(
                 "rt",
                 rt_check("acquire of a new name"),
-                Exactly(1.0),
+                Exactly(per),
                 rt.acquire_new,
             );
             check("rt", rt_check("renew"), Exactly(1.0), rt.renew);
-            check("rt", rt_check("release"), Exactly(1.0), rt.release);
+            check("rt", rt_check("release"), Exactly(per), rt.release);
+            let (many, why) = match rt.slots {
+                _ if etcd => (
+                    rt.batch as f64,
+                    " (one keep-alive each: not batched)".to_owned(),
+                ),
+                Some(slots) => (slots as f64, format!(" (one per hash slot: {slots})")),
+                None => (1.0, String::new()),
+            };
             check(
                 "rt",
-                format!("server requests per renew_many of {} leases", rt.batch),
-                Exactly(1.0),
+                format!("server requests per renew_many of {} leases{why}", rt.batch),
+                Exactly(many),
                 rt.renew_many,
             );
         }
         check(
             "rt",
             rt_check("with_lease cycle, empty job (acquire + release)"),
-            Exactly(2.0),
+            Exactly(if etcd { 4.0 } else { 2.0 }),
             rt.with_lease,
         );
     }
@@ -252,10 +264,24 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
         }
         if let Some(n) = c.server_requests {
             if c.batched && !advisory {
+                // On a Redis Cluster, one script per hash slot per round.
+                let (most, per) = match c.slots {
+                    Some(slots) => (2.0 * slots as f64, format!(" ({slots} hash slots)")),
+                    None => (most, String::new()),
+                };
                 check(
                     "scale",
-                    format!("{of}: server requests in the window"),
+                    format!("{of}: server requests in the window{per}"),
                     AtMost(most),
+                    n as f64,
+                );
+            }
+            if etcd {
+                // One keep-alive per renewal, nothing more.
+                check(
+                    "scale",
+                    format!("{of}: server requests in the window, at most one per renewal call"),
+                    AtMost(c.counted_calls as f64),
                     n as f64,
                 );
             }
@@ -405,6 +431,66 @@ mod tests {
             assert_eq!(unmet.len(), 1, "{label}: {unmet:#?}");
             assert!(unmet[0].contains("new name"), "{unmet:#?}");
         }
+    }
+
+    #[test]
+    fn etcd_and_redis_cluster_are_held_to_their_own_counts() {
+        let none = Vec::<String>::new();
+        // Etcd: 2 requests to acquire (grant, txn), 2 to release (txn,
+        // revoke), one keep-alive per lease in renew_many.
+        let etcd = RoundTrips {
+            floor: 4.0,
+            acquire: 2.0,
+            acquire_new: 2.0,
+            release: 2.0,
+            renew_many: 3.0,
+            with_lease: 4.0,
+            ..exact_round_trips()
+        };
+        assert_eq!(unmet("Etcd", measured(Some(&etcd), &[]), false), none);
+        // The single-server counts are not etcd's: floor, acquire, acquire
+        // of a new name, release, renew_many and with_lease fail.
+        let unmet_etcd = unmet("Etcd", measured(Some(&exact_round_trips()), &[]), false);
+        assert_eq!(unmet_etcd.len(), 6, "{unmet_etcd:#?}");
+        // Redis Cluster: renew_many is one script per hash slot.
+        let cluster = RoundTrips {
+            renew_many: 3.0,
+            slots: Some(3),
+            ..exact_round_trips()
+        };
+        assert_eq!(
+            unmet("RedisCluster", measured(Some(&cluster), &[]), false),
+            none
+        );
+        let once = RoundTrips {
+            slots: Some(3),
+            ..exact_round_trips()
+        };
+        assert_eq!(
+            unmet("RedisCluster", measured(Some(&once), &[]), false).len(),
+            1
+        );
+        // Its scale window: up to two rounds of one script per slot.
+        let ok = [Scale {
+            slots: Some(40),
+            ..scale(50, 1, Some(80))
+        }];
+        assert_eq!(unmet("RedisCluster", measured(None, &ok), false), none);
+        let over = [Scale {
+            slots: Some(40),
+            ..scale(50, 1, Some(81))
+        }];
+        assert_eq!(unmet("RedisCluster", measured(None, &over), false).len(), 1);
+        // Etcd's unbatched window: one keep-alive per renewal call.
+        let window = |requests| {
+            [Scale {
+                batched: false,
+                ..scale(50, 50, Some(requests))
+            }]
+        };
+        assert_eq!(unmet("Etcd", measured(None, &window(50)), false), none);
+        assert_eq!(unmet("Etcd", measured(None, &window(51)), false).len(), 1);
+        assert_eq!(unmet("Etcd", measured(None, &window(49)), false).len(), 1);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! cargo run -p lease-bench --release -- --write docs/PERFORMANCE.md
 //! ```
 //!
-//! It measures, for every server backend and `SqliteTable`, each figure next
+//! It measures, for every server backend (`Etcd` and `Redis` on a Redis
+//! Cluster, `RedisCluster`, included) and `SqliteTable`, each figure next
 //! to a baseline measured in the same run:
 //!
 //! 1. round trips per operation, counted by the servers themselves;
@@ -27,8 +28,11 @@
 //!
 //! The servers are private ones, started for the run with the tests'
 //! launcher ([`lease_tests::servers`]) and stopped at its end: PostgreSQL,
-//! MariaDB and Redis (their binaries must be installed), and a throw-away
-//! SQLite file. [`run`] fails with [`Unavailable`] when they cannot be started.
+//! MariaDB and Redis (their binaries must be installed), a throw-away
+//! SQLite file, and — when their backends are measured — a 3-member etcd
+//! cluster and a 3-master Redis Cluster ([`lease_tests::clusters`]; not the
+//! clusters of the conformance tests). [`run`] fails with [`Unavailable`]
+//! when they cannot be started.
 
 #![allow(clippy::print_stderr)]
 
@@ -53,7 +57,7 @@ pub use plots::{Plot, write as write_plots};
 use handover::Handover;
 use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
 pub use servers::Unavailable;
-use servers::{Counter, Servers};
+use servers::{Clusters, Counter, Servers};
 use targets::Target;
 
 /// The error type of the benchmark.
@@ -92,6 +96,8 @@ enum Which {
     PgAdvisory,
     MySql,
     Redis,
+    RedisCluster,
+    Etcd,
     None,
 }
 
@@ -142,8 +148,12 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         .fetch_one(sqlite.pool())
         .await?;
     let mut no_counter = Counter::None;
+    let wanted = |label: &str| options.only.is_empty() || options.only.iter().any(|o| o == label);
+    let clusters = Clusters::start(wanted("Etcd"), wanted("RedisCluster")).await?;
+    let mut etcd_counter = Counter::None;
+    let mut cluster_counter = Counter::None;
 
-    let targets = [
+    let mut targets = vec![
         (Target::Pg(pg_table), Which::Pg),
         (Target::MySql(my_table), Which::MySql),
         (Target::Sqlite(sqlite), Which::None),
@@ -162,12 +172,22 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             Which::PgAdvisory,
         ),
     ];
+    if let Some(cluster) = &clusters.etcd {
+        let (etcd, counter) = servers::etcd(cluster).await?;
+        etcd_counter = counter;
+        targets.push((Target::Etcd(etcd), Which::Etcd));
+    }
+    if let Some(cluster) = &clusters.redis {
+        let (backend, client, counter) = servers::redis_cluster(cluster).await?;
+        cluster_counter = counter;
+        targets.push((Target::RedisCluster(backend, client), Which::RedisCluster));
+    }
     let run_id = format!("run{:x}", std::process::id());
     let q = options.quick;
     let mut all = Vec::new();
     for (target, which) in &targets {
         let label = target.label();
-        if !options.only.is_empty() && !options.only.iter().any(|o| o == label) {
+        if !wanted(label) {
             continue;
         }
         let counter = match which {
@@ -175,6 +195,8 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             Which::PgAdvisory => &mut advisory_counter,
             Which::MySql => &mut my_counter,
             Which::Redis => &mut redis_counter,
+            Which::RedisCluster => &mut cluster_counter,
+            Which::Etcd => &mut etcd_counter,
             Which::None => &mut no_counter,
         };
         let mut r = Results {
@@ -190,10 +212,14 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         }
         if section("overhead") {
             eprintln!("== {label}: overhead");
-            r.overhead = Some(if q {
-                measure::overhead(target, 5, 60).await?
-            } else {
-                measure::overhead(target, 10, 300).await?
+            // etcd: every write of its cycle (a grant, two transactions, a
+            // revoke) waits for a raft commit, each ~ms: fewer cycles.
+            let etcd = matches!(target, Target::Etcd(_));
+            r.overhead = Some(match (q, etcd) {
+                (true, false) => measure::overhead(target, 5, 60).await?,
+                (false, false) => measure::overhead(target, 10, 300).await?,
+                (true, true) => measure::overhead(target, 5, 20).await?,
+                (false, true) => measure::overhead(target, 10, 60).await?,
             });
         }
         for one_name in [true, false] {
@@ -211,6 +237,13 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             // One connection per held lock: as many as the pool allows.
             (Target::PgAdvisory(..), true) => vec![(8, true)],
             (Target::PgAdvisory(..), false) => vec![(32, true)],
+            // No `renew_many` of its own: one keep-alive per lease, the
+            // unbatched baseline is all there is.
+            (Target::Etcd(_), true) => vec![(50, false)],
+            (Target::Etcd(_), false) => vec![(1_000, false)],
+            // Batches split by hash slot: 1,000 leases take ~1,000 slots
+            // of 16,384, so 10,000 would show the same.
+            (Target::RedisCluster(..), false) => vec![(1_000, true), (1_000, false)],
             (_, true) => vec![(50, true)],
             (_, false) => vec![
                 (1_000, true),
@@ -234,6 +267,8 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         }
         if section("handover") {
             eprintln!("== {label}: hand-over");
+            // Etcd polls on both sides (no push): fewer samples.
+            let polls_only = matches!(target, Target::Etcd(_));
             let samples = if q {
                 handover::Samples {
                     push: 15,
@@ -242,9 +277,9 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
                 }
             } else {
                 handover::Samples {
-                    push: 100,
+                    push: if polls_only { 40 } else { 100 },
                     poll: 40,
-                    crash: 20,
+                    crash: if polls_only { 10 } else { 20 },
                 }
             };
             r.handover = Some(handover::handover(target, &samples, &run_id).await?);
@@ -267,12 +302,28 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         cpu_model: cpu_model(),
         load_before,
         load_after: load_average(),
-        versions: vec![
-            servers.postgres.version().await,
-            servers.mariadb.version().await,
-            servers.redis.version().await,
-            format!("SQLite {sqlite_version} (bundled)"),
-        ],
+        versions: {
+            let mut v = vec![
+                servers.postgres.version().await,
+                servers.mariadb.version().await,
+                servers.redis.version().await,
+                format!("SQLite {sqlite_version} (bundled)"),
+            ];
+            if clusters.etcd.is_some() {
+                let etcd = command_output("etcd", &["--version"]);
+                v.push(format!(
+                    "{} (3 members, heartbeat 50 ms, election 500 ms)",
+                    etcd.lines()
+                        .next()
+                        .unwrap_or("etcd ?")
+                        .replace("Version: ", "")
+                ));
+            }
+            if clusters.redis.is_some() {
+                v.push("Redis Cluster of 3 masters (the same redis-server)".to_owned());
+            }
+            v
+        },
         took: started.elapsed(),
     };
     let checks: Vec<Check> = all
@@ -397,7 +448,7 @@ fn report(
     let _ = writeln!(s, "### Round trips per operation (counted by the server)\n");
     let _ = writeln!(
         s,
-        "Steady state: rows exist, statements are prepared. PostgreSQL: `pg_stat_database.xact_commit` of a dedicated database; MariaDB: `USER_STATISTICS` of a dedicated user; Redis: `INFO commandstats` of a private server (every command but `INFO`). The floor is the backend's own acquire + release statements sent directly, and must count exactly 2. `renew_many` is one call over the given number of leases.\n"
+        "Steady state: rows exist, statements are prepared. PostgreSQL: `pg_stat_database.xact_commit` of a dedicated database; MariaDB: `USER_STATISTICS` of a dedicated user; Redis: `INFO commandstats` of a private server (every command but `INFO`); Redis Cluster: the same, summed over its 3 masters; etcd: `grpc_server_msg_received_total` (gRPC requests from clients, by method) of the `/metrics` of its 3 members, summed. The floor is the backend's own acquire + release statements sent directly, and must count exactly 2 (`Etcd`: 4 — a `LeaseGrant` and a `Txn` to acquire, a `Txn` and a `LeaseRevoke` to release — so its acquire and release must count 2 each, its `with_lease` 4). `renew_many` is one call over the given number of leases: one request (`RedisCluster`: one per hash slot among the leases; `Etcd`, which does not batch: one keep-alive per lease).\n"
     );
     let _ = writeln!(
         s,
@@ -461,7 +512,7 @@ fn report(
     );
     let _ = writeln!(
         s,
-        "Medians of sequential cycles, sampled in interleaved blocks. Floor: the same acquire and release statements sent directly through sqlx / redis on the same pool. Required: ratio ≤ {}{}.\n",
+        "Medians of sequential cycles, sampled in interleaved blocks. Floor: the same acquire and release statements sent directly through sqlx / redis / etcd-client on the same pool or client (`RedisCluster`: a cluster connection of its own to the same nodes). `Etcd` runs fewer cycles (its four writes per cycle each wait for a raft commit). Required: ratio ≤ {}{}.\n",
         if options.quick {
             QUICK_OVERHEAD_BOUND
         } else {
@@ -543,7 +594,7 @@ fn report(
     let _ = writeln!(s, "\n### Scale: one `Lease` holding many leases\n");
     let _ = writeln!(
         s,
-        "One `Lease` acquires the leases (64 at a time) and holds them; we watch one renewal window of ttl/3 (from ttl/3 − 0.5 s to 2·ttl/3 − 0.5 s after the first acquisition), which holds exactly one renewal of every lease. *Batched* is the backend's `renew_many`; *unbatched* is the baseline, one `renew` per lease (what `Backend::renew_many`'s default does for a backend that does not override it). Server requests: counted by the server (SQLite: none to ask). Calls: `renew`/`renew_many` calls the engine made, with the batches (time after the first acquisition: leases). CPU: this process, over the window. Memory: resident set growth while acquiring, per lease.\n"
+        "One `Lease` acquires the leases (64 at a time) and holds them; we watch one renewal window of ttl/3 (from ttl/3 − 0.5 s to 2·ttl/3 − 0.5 s after the first acquisition), which holds exactly one renewal of every lease. *Batched* is the backend's `renew_many`; *unbatched* is the baseline, one `renew` per lease (what `Backend::renew_many`'s default does for a backend that does not override it). Server requests: counted by the server (SQLite: none to ask). Calls: `renew`/`renew_many` calls the engine made, with the batches (time after the first acquisition: leases). CPU: this process, over the window. Memory: resident set growth while acquiring, per lease. `Etcd` does not override `renew_many` (one keep-alive per lease): only its unbatched row is measured. `RedisCluster` sends one script per hash slot among the leases (listed below the table), pipelined on its cluster connection.\n"
     );
     let _ = writeln!(
         s,
@@ -588,6 +639,17 @@ fn report(
                 c.rss_kib_per_lease,
                 c.acquire_secs
             );
+        }
+    }
+    for r in all {
+        for c in r.scale.iter().filter(|c| c.batched) {
+            if let Some(slots) = c.slots {
+                let _ = writeln!(
+                    s,
+                    "\n{}: the {} leases' keys are in {slots} hash slots: a batched renewal round is {slots} scripts.",
+                    r.label, c.leases
+                );
+            }
         }
     }
     if all.iter().any(|r| !r.scale.is_empty()) {

@@ -35,6 +35,20 @@ pub(crate) struct RoundTrips {
     pub(crate) counted: bool,
     /// `(phase, per-command counts)` where the server tells (Redis).
     pub(crate) details: Vec<(&'static str, Count, usize)>,
+    /// Redis Cluster: the hash slots of the `renew_many` batch's keys.
+    pub(crate) slots: Option<usize>,
+}
+
+/// Redis Cluster: the number of distinct hash slots of the lock keys of
+/// `names` (`renew_many` sends one script per slot); `None` elsewhere.
+fn slots_of<'a>(t: &Target, names: impl Iterator<Item = &'a String>) -> Option<usize> {
+    let Target::RedisCluster(b, _) = t else {
+        return None;
+    };
+    let slots: std::collections::BTreeSet<u16> = names
+        .map(|n| crate::targets::hash_slot(&b.lock_key(n)))
+        .collect();
+    Some(slots.len())
 }
 
 /// How many times each counted phase runs; the smallest count is kept.
@@ -110,6 +124,7 @@ pub(crate) async fn round_trips(
     let mut rt = RoundTrips {
         batch: n,
         counted: counter.counts(),
+        slots: slots_of(t, names.iter()),
         ..RoundTrips::default()
     };
     if matches!(t, Target::PgAdvisory(..)) {
@@ -159,8 +174,22 @@ pub(crate) async fn round_trips(
         }
     })
     .await?;
-    rt.release = per_op(counter, d, "release", n, |_, i| {
-        let name = &names[i];
+    // Each repetition releases leases that are held (acquired before the
+    // count starts): releasing one already released may cost less (on
+    // etcd, the transaction finds no key and nothing is revoked).
+    for name in &names {
+        t.release(name, HOLDER).await?;
+    }
+    let held: Vec<String> = (0..n * REPEATS)
+        .map(|i| format!("{run}-rt-held-{i}"))
+        .collect();
+    for name in &held {
+        if !t.acquire(name, HOLDER, TTL).await? {
+            return Err(format!("{name} was not acquired").into());
+        }
+    }
+    rt.release = per_op(counter, d, "release", n, |rep, i| {
+        let name = &held[rep * n + i];
         async move { Ok(t.release(name, HOLDER).await?) }
     })
     .await?;
@@ -507,6 +536,8 @@ pub(crate) struct Scale {
     pub(crate) batches: Vec<(u128, usize)>,
     pub(crate) cpu_ms: f64,
     pub(crate) rss_kib_per_lease: f64,
+    /// Redis Cluster: the hash slots of the leases' keys.
+    pub(crate) slots: Option<usize>,
 }
 
 /// One `Lease` acquires `n` leases with time-to-live `ttl` (64 at a time),
@@ -607,6 +638,7 @@ pub(crate) async fn scale(
         batches: summarize(&batches),
         cpu_ms: cpu1 - cpu0,
         rss_kib_per_lease: (rss1.saturating_sub(rss0)) as f64 / n as f64,
+        slots: slots_of(t, names.iter()),
     })
 }
 

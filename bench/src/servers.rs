@@ -21,6 +21,15 @@
 //!   command but our own `INFO` and those that the lease scripts run inside
 //!   Redis (`GET`, `SET`, `PEXPIRE`, `INCR`, `DEL`, and the release's
 //!   `PUBLISH`).
+//! - Redis Cluster: a private 3-master cluster; `INFO commandstats` of every
+//!   master, summed, with the same exclusions as Redis.
+//! - etcd: a private 3-member cluster; each member's `/metrics` counts the
+//!   gRPC messages it received from clients, by method
+//!   (`grpc_server_msg_received_total`: one per unary call, one per
+//!   `LeaseKeepAlive` request on its stream), summed over the members. A
+//!   request that a follower passes to the leader (a keep-alive, a write
+//!   through raft) goes over the peer port and is counted once, where the
+//!   client sent it. Reading `/metrics` is HTTP, not gRPC: not counted.
 //! - SQLite: a throw-away file; it has no server, so nothing counts its
 //!   statements but the process (see `Counted`).
 
@@ -28,6 +37,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
+use lease_tests::clusters::{EtcdCluster, RedisCluster};
 use lease_tests::servers::{PrivateServer, RedisPersistence};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -62,6 +72,13 @@ pub(crate) enum Counter {
     Redis {
         conn: redis::aio::MultiplexedConnection,
     },
+    /// A connection to each master of a Redis Cluster.
+    RedisCluster {
+        conns: Vec<redis::aio::MultiplexedConnection>,
+    },
+    /// The client addresses (`127.0.0.1:port`) of the etcd members, whose
+    /// `/metrics` count.
+    Etcd { members: Vec<String> },
     /// SQLite: no server to ask.
     None,
 }
@@ -93,6 +110,16 @@ impl Count {
         Count {
             total: self.total.saturating_sub(earlier.total),
             by_command,
+        }
+    }
+}
+
+impl Count {
+    /// Add `other` to this count (the nodes of a cluster).
+    fn add(&mut self, other: &Count) {
+        self.total += other.total;
+        for (k, v) in &other.by_command {
+            *self.by_command.entry(k.clone()).or_default() += v;
         }
     }
 }
@@ -191,40 +218,96 @@ impl Counter {
                     by_command,
                 })
             }
-            Counter::Redis { conn } => {
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(conn)
-                    .await?;
+            Counter::Redis { conn } => commandstats(conn).await,
+            Counter::RedisCluster { conns } => {
                 let mut count = Count::default();
-                for line in info.lines() {
-                    let Some((cmd, rest)) = line
-                        .strip_prefix("cmdstat_")
-                        .and_then(|l| l.split_once(':'))
-                    else {
-                        continue;
-                    };
-                    // Our own `INFO`, and the commands the lease scripts
-                    // run inside Redis (counted per call of the script).
-                    if matches!(
-                        cmd,
-                        "info" | "get" | "set" | "pexpire" | "incr" | "del" | "publish"
-                    ) {
-                        continue;
-                    }
-                    let calls = rest
-                        .split(',')
-                        .find_map(|kv| kv.strip_prefix("calls="))
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(0);
-                    count.total += calls;
-                    count.by_command.insert(cmd.to_owned(), calls);
+                for conn in conns {
+                    count.add(&commandstats(conn).await?);
+                }
+                Ok(count)
+            }
+            Counter::Etcd { members } => {
+                let mut count = Count::default();
+                for member in members.iter() {
+                    count.add(&etcd_messages(member).await?);
                 }
                 Ok(count)
             }
             Counter::None => Ok(Count::default()),
         }
     }
+}
+
+/// `INFO commandstats` of one Redis: the calls of every command but our own
+/// `INFO` and those that the lease scripts run inside Redis (`GET`, `SET`,
+/// `PEXPIRE`, `INCR`, `DEL`, and the release's `PUBLISH`), which are
+/// counted per call of the script.
+async fn commandstats(conn: &mut redis::aio::MultiplexedConnection) -> Result<Count, BoxError> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await?;
+    let mut count = Count::default();
+    for line in info.lines() {
+        let Some((cmd, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        if matches!(
+            cmd,
+            "info" | "get" | "set" | "pexpire" | "incr" | "del" | "publish"
+        ) {
+            continue;
+        }
+        let calls = rest
+            .split(',')
+            .find_map(|kv| kv.strip_prefix("calls="))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        count.total += calls;
+        count.by_command.insert(cmd.to_owned(), calls);
+    }
+    Ok(count)
+}
+
+/// The gRPC messages the etcd member at `addr` (`127.0.0.1:port`) received,
+/// by method: `grpc_server_msg_received_total` of its `/metrics`.
+async fn etcd_messages(addr: &str) -> Result<Count, BoxError> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut reply = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut reply)).await??;
+    let mut count = Count::default();
+    for line in reply.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let method = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("grpc_method=\""))
+            .map(|m| m.trim_end_matches('"'))
+            .unwrap_or("?");
+        // Counters are printed as floats (`12`, or `1.2e+06` when large).
+        let n = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        if n > 0 {
+            count.total += n;
+            *count.by_command.entry(method.to_owned()).or_default() += n;
+        }
+    }
+    if !reply.contains("grpc_server_msg_received_total") {
+        return Err(
+            format!("etcd at {addr} has no grpc_server_msg_received_total in /metrics").into(),
+        );
+    }
+    Ok(count)
 }
 
 /// Wait, for a second at most, until every connection of `pool` is idle:
@@ -355,6 +438,82 @@ pub(crate) async fn mysql(server: &PrivateServer) -> Result<(MySqlPool, Counter)
         pool: pool.clone(),
     };
     Ok((pool, counter))
+}
+
+/// The private clusters: a 3-member etcd cluster and a 3-master Redis
+/// Cluster (the tests' launchers, [`lease_tests::clusters`]), each started
+/// only when its backend is measured; stopped and deleted on drop.
+#[derive(Default)]
+pub(crate) struct Clusters {
+    pub(crate) etcd: Option<EtcdCluster>,
+    pub(crate) redis: Option<RedisCluster>,
+}
+
+impl Clusters {
+    /// Start the clusters asked for (their launchers block: on a thread of
+    /// their own).
+    pub(crate) async fn start(etcd: bool, redis: bool) -> Result<Self, Unavailable> {
+        tokio::task::spawn_blocking(move || {
+            Ok(Self {
+                etcd: if etcd {
+                    Some(EtcdCluster::start(3).map_err(Unavailable)?)
+                } else {
+                    None
+                },
+                redis: if redis {
+                    Some(RedisCluster::start(3).map_err(Unavailable)?)
+                } else {
+                    None
+                },
+            })
+        })
+        .await
+        .map_err(|e| Unavailable(e.to_string()))?
+    }
+}
+
+/// etcd: a backend connected to every member, and a counter reading every
+/// member's `/metrics`.
+pub(crate) async fn etcd(
+    cluster: &EtcdCluster,
+) -> Result<(lease::backend::Etcd, Counter), BoxError> {
+    let endpoints = cluster.endpoints();
+    let etcd = lease::backend::Etcd::connect(&endpoints).await?;
+    let members = endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("http://").to_owned())
+        .collect();
+    Ok((etcd, Counter::Etcd { members }))
+}
+
+/// Redis Cluster: a backend on the cluster (subscribed for releases through
+/// one node: the cluster passes a `PUBLISH` to every node), a cluster client
+/// to the same nodes for the floor, and a counter on a connection to each
+/// master.
+pub(crate) async fn redis_cluster(
+    cluster: &RedisCluster,
+) -> Result<
+    (
+        lease::backend::Redis,
+        redis::cluster::ClusterClient,
+        Counter,
+    ),
+    BoxError,
+> {
+    let nodes = cluster.nodes();
+    let backend = lease::backend::Redis::cluster(&nodes)
+        .await?
+        .with_pubsub(redis::Client::open(nodes[0].as_str())?);
+    let client = redis::cluster::ClusterClient::new(nodes.clone())?;
+    let mut conns = Vec::new();
+    for node in &nodes {
+        conns.push(
+            redis::Client::open(node.as_str())?
+                .get_multiplexed_async_connection()
+                .await?,
+        );
+    }
+    Ok((backend, client, Counter::RedisCluster { conns }))
 }
 
 /// Redis: a pool and a counter (on a connection of its own).

@@ -1,17 +1,23 @@
 //! The backends under test, and their floors: the same statements the
-//! backend sends, issued directly through sqlx or redis on the same pool.
+//! backend sends, issued directly through sqlx, redis or etcd-client on the
+//! same pool or client (Redis Cluster: a cluster connection of its own to
+//! the same nodes, since the backend keeps its own).
 //!
 //! The SQL and Lua here are copies of the backends' own (`lease/src/backend/`)
 //! for the default table `task_leases`; the test `floor_statements` captures
-//! the statements both send, and fails when they differ.
+//! the statements both send, and fails when they differ. The etcd floor is
+//! the requests `Etcd` documents (`lease/src/backend/etcd.rs`, "Calls"):
+//! `LeaseGrant`, a `Txn` that puts the key if it is absent, a `Txn` that
+//! deletes it if it is still this acquisition's, `LeaseRevoke`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
+use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
 use futures_util::future::join_all;
-use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use lease::backend::{Etcd, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
 use lease::{Acquisition, Backend, Error, Grant, Lease};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
@@ -28,6 +34,71 @@ pub(crate) enum Target {
     Sqlite(SqliteTable),
     Redis(Redis, deadpool_redis::Pool),
     PgAdvisory(PgAdvisory, PgPool),
+    Etcd(Etcd),
+    /// `Redis::cluster`, and a cluster client to the same nodes for the floor.
+    RedisCluster(Redis, redis::cluster::ClusterClient),
+}
+
+/// The floor's Redis connection: to one server, or to a Redis Cluster
+/// (which routes each script to the master of its keys' hash slot).
+#[derive(Clone)]
+pub(crate) enum RedisConn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_command(cmd),
+            RedisConn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            RedisConn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            RedisConn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConn::Single(c) => c.get_db(),
+            RedisConn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The Redis Cluster hash slot of `key` (CRC16-XMODEM of the key, or of its
+/// `{hash tag}`, modulo 16384), as the cluster computes it.
+pub(crate) fn hash_slot(key: &str) -> u16 {
+    let bytes = key.as_bytes();
+    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &bytes[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    let mut crc: u16 = 0;
+    for &byte in tagged.unwrap_or(bytes) {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16384
 }
 
 const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at, fence) \
@@ -138,6 +209,8 @@ impl Target {
             Target::Sqlite(_) => "SqliteTable",
             Target::Redis(..) => "Redis",
             Target::PgAdvisory(..) => "PgAdvisory",
+            Target::Etcd(_) => "Etcd",
+            Target::RedisCluster(..) => "RedisCluster",
         }
     }
 
@@ -149,6 +222,8 @@ impl Target {
             Target::Sqlite(b) => Lease::with_holder(b.clone(), holder),
             Target::Redis(b, _) => Lease::with_holder(b.clone(), holder),
             Target::PgAdvisory(b, _) => Lease::with_holder(b.clone(), holder),
+            Target::Etcd(b) => Lease::with_holder(b.clone(), holder),
+            Target::RedisCluster(b, _) => Lease::with_holder(b.clone(), holder),
         }
     }
 
@@ -166,6 +241,10 @@ impl Target {
             Target::PgAdvisory(b, _) => {
                 Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
             }
+            Target::Etcd(b) => Lease::with_holder(Counted::new(b.clone(), batched, calls), holder),
+            Target::RedisCluster(b, _) => {
+                Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
+            }
         }
     }
 
@@ -181,6 +260,8 @@ impl Target {
             Target::Sqlite(b) => b.acquire(name, holder, ttl).await?,
             Target::Redis(b, _) => b.acquire(name, holder, ttl).await?,
             Target::PgAdvisory(b, _) => b.acquire(name, holder, ttl).await?,
+            Target::Etcd(b) => b.acquire(name, holder, ttl).await?,
+            Target::RedisCluster(b, _) => b.acquire(name, holder, ttl).await?,
         };
         if let Some(grant) = grant {
             fences().insert((self.kind(), name.to_owned()), grant.fencing_token);
@@ -205,6 +286,8 @@ impl Target {
             Target::Sqlite(_) => 2,
             Target::Redis(..) => 3,
             Target::PgAdvisory(..) => 4,
+            Target::Etcd(_) => 5,
+            Target::RedisCluster(..) => 6,
         }
     }
 
@@ -221,6 +304,8 @@ impl Target {
             Target::Sqlite(b) => b.renew(lease, ttl).await,
             Target::Redis(b, _) => b.renew(lease, ttl).await,
             Target::PgAdvisory(b, _) => b.renew(lease, ttl).await,
+            Target::Etcd(b) => b.renew(lease, ttl).await,
+            Target::RedisCluster(b, _) => b.renew(lease, ttl).await,
         }
     }
 
@@ -239,6 +324,8 @@ impl Target {
             Target::Sqlite(b) => b.renew_many(&leases).await,
             Target::Redis(b, _) => b.renew_many(&leases).await,
             Target::PgAdvisory(b, _) => b.renew_many(&leases).await,
+            Target::Etcd(b) => b.renew_many(&leases).await,
+            Target::RedisCluster(b, _) => b.renew_many(&leases).await,
         }
     }
 
@@ -250,6 +337,17 @@ impl Target {
             Target::Sqlite(b) => b.release(lease).await,
             Target::Redis(b, _) => b.release(lease).await,
             Target::PgAdvisory(b, _) => b.release(lease).await,
+            Target::Etcd(b) => b.release(lease).await,
+            Target::RedisCluster(b, _) => b.release(lease).await,
+        }
+    }
+
+    /// Requests in one [`floor_cycle`](Self::floor_cycle): 2 (`Etcd`: 4).
+    pub(crate) fn floor_requests(&self) -> u32 {
+        if matches!(self, Target::Etcd(_)) {
+            4
+        } else {
+            2
         }
     }
 
@@ -258,7 +356,7 @@ impl Target {
     /// whether the acquire succeeded.
     pub(crate) async fn floor_cycle(
         &self,
-        redis_conn: &mut Option<redis::aio::MultiplexedConnection>,
+        redis_conn: &mut Option<RedisConn>,
         name: &str,
         holder: &str,
         ttl: Duration,
@@ -271,29 +369,19 @@ impl Target {
             Target::Redis(b, pool) => {
                 if redis_conn.is_none() {
                     let conn = pool.get().await?;
-                    *redis_conn = Some((*conn).clone());
+                    *redis_conn = Some(RedisConn::Single((*conn).clone()));
                 }
                 let conn = redis_conn.as_mut().ok_or("no redis connection")?;
-                let lock = b.lock_key(name);
-                let fence: i64 = SCRIPTS
-                    .0
-                    .key(&lock)
-                    .key(b.fence_key(name))
-                    .arg(holder)
-                    .arg(ttl_ms)
-                    .invoke_async(conn)
-                    .await?;
-                // The lock holds `{fence}:{holder}` while this acquisition has it.
-                let _: i64 = SCRIPTS
-                    .1
-                    .key(&lock)
-                    .arg(format!("{fence}:{holder}"))
-                    .arg(b.release_channel())
-                    .arg(name)
-                    .invoke_async(conn)
-                    .await?;
-                Ok(fence > 0)
+                redis_floor(b, conn, name, holder, ttl_ms).await
             }
+            Target::RedisCluster(b, client) => {
+                if redis_conn.is_none() {
+                    *redis_conn = Some(RedisConn::Cluster(client.get_async_connection().await?));
+                }
+                let conn = redis_conn.as_mut().ok_or("no redis connection")?;
+                redis_floor(b, conn, name, holder, ttl_ms).await
+            }
+            Target::Etcd(b) => etcd_floor(b, name, holder, ttl).await,
             Target::PgAdvisory(b, pool) => {
                 // Derived once per name, as a program would keep it (the
                 // backend keeps its keys too: `PgAdvisory::lock_key`).
@@ -334,6 +422,73 @@ impl Target {
             sqlx::Either::Right(_conn) => Ok(false),
         }
     }
+}
+
+/// The backend's acquire and release scripts (`Redis`, `RedisCluster`).
+async fn redis_floor(
+    b: &Redis,
+    conn: &mut RedisConn,
+    name: &str,
+    holder: &str,
+    ttl_ms: i64,
+) -> Result<bool, BoxError> {
+    let lock = b.lock_key(name);
+    let fence: i64 = SCRIPTS
+        .0
+        .key(&lock)
+        .key(b.fence_key(name))
+        .arg(holder)
+        .arg(ttl_ms)
+        .invoke_async(conn)
+        .await?;
+    // The lock holds `{fence}:{holder}` while this acquisition has it.
+    let _: i64 = SCRIPTS
+        .1
+        .key(&lock)
+        .arg(format!("{fence}:{holder}"))
+        .arg(b.release_channel())
+        .arg(name)
+        .invoke_async(conn)
+        .await?;
+    Ok(fence > 0)
+}
+
+/// `Etcd`'s acquire (a new etcd lease, a transaction that puts the key
+/// attached to it if the key is absent) and release (a transaction that
+/// deletes the key if its `create_revision` and value are this
+/// acquisition's, then the revocation of the etcd lease), on the backend's
+/// own client: four requests.
+async fn etcd_floor(b: &Etcd, name: &str, holder: &str, ttl: Duration) -> Result<bool, BoxError> {
+    let mut client = b.client().clone();
+    let id = client
+        .lease_grant(Etcd::lease_ttl_secs(ttl), None)
+        .await?
+        .id();
+    let key = b.key(name);
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key.clone(),
+            holder,
+            Some(PutOptions::new().with_lease(id)),
+        )])
+        .or_else([TxnOp::get(key.clone(), None)]);
+    let put = client.txn(txn).await?;
+    let fence = put.header().map(|h| h.revision()).unwrap_or(0);
+    if put.succeeded() {
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key.clone(), CompareOp::Equal, fence),
+                Compare::value(key.clone(), CompareOp::Equal, holder),
+            ])
+            .and_then([TxnOp::delete(
+                key,
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
+        client.txn(txn).await?;
+    }
+    client.lease_revoke(id).await?;
+    Ok(put.succeeded())
 }
 
 async fn pg_floor(pool: &PgPool, name: &str, holder: &str, ttl_ms: i64) -> Result<bool, BoxError> {

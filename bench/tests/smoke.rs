@@ -1,6 +1,6 @@
 //! The benchmark's quick mode: every section runs on every backend, each is
-//! checked, and every check is met. Needs the PostgreSQL, MariaDB and Redis
-//! binaries (the benchmark starts private servers, see
+//! checked, and every check is met. Needs the PostgreSQL, MariaDB, Redis
+//! and etcd binaries (the benchmark starts private servers, see
 //! `lease_tests::servers`); without them it prints `skipped: ...`, unless
 //! `LEASE_REQUIRE_SERVICES=1`.
 
@@ -39,6 +39,8 @@ async fn quick_mode_runs_and_meets_the_requirements() {
         "SqliteTable",
         "Redis",
         "PgAdvisory",
+        "Etcd",
+        "RedisCluster",
     ] {
         let server = backend != "SqliteTable";
         let expected = [
@@ -57,7 +59,7 @@ async fn quick_mode_runs_and_meets_the_requirements() {
             (
                 "handover",
                 "hand-over p50 with push",
-                matches!(backend, "PgTable" | "PgAdvisory" | "Redis"),
+                matches!(backend, "PgTable" | "PgAdvisory" | "Redis" | "RedisCluster"),
             ),
         ];
         for (section, what, wanted) in expected {
@@ -95,6 +97,8 @@ async fn quick_mode_runs_and_meets_the_requirements() {
         "SqliteTable",
         "Redis",
         "PgAdvisory",
+        "Etcd",
+        "RedisCluster",
     ] {
         for path in ["img/bench-overhead.svg", "img/bench-handover.svg"] {
             assert!(plot(path).contains(backend), "{backend} not in {path}");

@@ -37,7 +37,10 @@ pub(crate) mod exit {
 
 const AFTER_HELP: &str = "\
 The URL's scheme picks the backend: postgres:// (a lease table; --advisory for
-advisory locks), mysql:// or mariadb://, redis:// or rediss://, sqlite:PATH.
+advisory locks), mysql:// or mariadb://, redis:// or rediss://, sqlite:PATH,
+redis+cluster://HOST:PORT,HOST:PORT (a Redis Cluster: any of its nodes),
+etcd://[USER:PASSWORD@]HOST:PORT,HOST:PORT[/PREFIX] (every member; the key
+prefix, default lease/, as the path or --prefix; plain HTTP only).
 TLS: postgres://...?sslmode=require, mysql://...?ssl-mode=required, rediss://.
 Keep passwords off the command line: set LEASE_URL, or use the driver's own
 environment (PGPASSWORD, ~/.pgpass). lease never prints a password.
@@ -128,7 +131,7 @@ struct BackendArgs {
     /// The lease table (table backends; default task_leases).
     #[arg(long, value_name = "TABLE")]
     table: Option<String>,
-    /// The key prefix (Redis; default `lease:`).
+    /// The key prefix (Redis: default `lease:`; etcd: default `lease/`).
     #[arg(long, value_name = "PREFIX")]
     prefix: Option<String>,
     /// Use PostgreSQL advisory locks instead of a lease table.

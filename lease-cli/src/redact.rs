@@ -80,7 +80,7 @@ fn password_span(url: &str) -> Option<(usize, usize)> {
 }
 
 /// `%XX` escapes decoded (invalid ones kept as they are).
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -117,6 +117,15 @@ mod tests {
         assert_eq!(
             url("sqlite:/var/lib/leases.db"),
             "sqlite:/var/lib/leases.db"
+        );
+        // Several hosts (etcd, Redis Cluster): one user info for all.
+        assert_eq!(
+            url("etcd://root:s3cr3t@10.0.0.1:2379,10.0.0.2:2379/app/lease/"),
+            "etcd://root:***@10.0.0.1:2379,10.0.0.2:2379/app/lease/"
+        );
+        assert_eq!(
+            url("redis+cluster://:pw@n1:7000,n2:7001"),
+            "redis+cluster://:***@n1:7000,n2:7001"
         );
         // An `@` in the path is not user info.
         assert_eq!(url("sqlite:///tmp/a:b@c.db"), "sqlite:///tmp/a:b@c.db");

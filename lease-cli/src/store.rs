@@ -4,7 +4,7 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use lease::backend::{Etcd, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
 use lease::{Acquisition, Backend, Error, Grant, LeaseInfo};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -20,7 +20,7 @@ pub(crate) struct Target {
     pub(crate) url: String,
     /// `--table`: the lease table (table backends).
     pub(crate) table: Option<String>,
-    /// `--prefix`: the key prefix (Redis).
+    /// `--prefix`: the key prefix (Redis, etcd).
     pub(crate) prefix: Option<String>,
     /// `--advisory`: PostgreSQL advisory locks instead of a table.
     pub(crate) advisory: bool,
@@ -40,6 +40,7 @@ pub(crate) enum Store {
     MySql(MySqlTable),
     Sqlite(SqliteTable),
     Redis(Redis),
+    Etcd(Etcd),
 }
 
 /// Runs `$body` with `$b` bound to the backend inside `$store`.
@@ -51,6 +52,7 @@ macro_rules! each {
             Store::MySql($b) => $body,
             Store::Sqlite($b) => $body,
             Store::Redis($b) => $body,
+            Store::Etcd($b) => $body,
         }
     };
 }
@@ -63,7 +65,7 @@ impl Store {
         let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
         let table_only = |what: &str| -> Result<(), Usage> {
             if target.prefix.is_some() {
-                return Err(Usage(format!("--prefix is for Redis, not {what}")));
+                return Err(Usage(format!("--prefix is for Redis and etcd, not {what}")));
             }
             Ok(())
         };
@@ -104,7 +106,9 @@ impl Store {
                 let path = url["sqlite:".len()..].trim_start_matches("//");
                 let path = path.split('?').next().unwrap_or(path);
                 if path.is_empty() {
-                    return Err(Usage("sqlite: needs a file, as in sqlite:/var/lib/leases.db".to_owned()));
+                    return Err(Usage(
+                        "sqlite: needs a file, as in sqlite:/var/lib/leases.db".to_owned(),
+                    ));
                 }
                 let opened = async {
                     let table = SqliteTable::open(path).await?;
@@ -142,11 +146,87 @@ impl Store {
                 }
                 .map(Store::Redis))
             }
-            "" => Err(Usage(
-                "no URL: give --url or set LEASE_URL (postgres://, mysql://, mariadb://, redis://, rediss:// or sqlite:)".to_owned(),
-            )),
+            "redis+cluster" => {
+                if target.table.is_some() {
+                    return Err(Usage("--table is for SQL databases, not Redis".to_owned()));
+                }
+                let multi = Multi::parse(url)?;
+                if !multi.path.trim_start_matches('/').is_empty() || multi.query.is_some() {
+                    return Err(Usage(
+                        "redis+cluster:// takes no database or options (a cluster has only database 0)"
+                            .to_owned(),
+                    ));
+                }
+                let nodes: Vec<String> = multi
+                    .hosts
+                    .iter()
+                    .map(|host| format!("redis://{}{host}", multi.userinfo))
+                    .collect();
+                let opened = async {
+                    let client = redis::Client::open(nodes[0].as_str())?;
+                    let backend = connect_within(timeout, "connect", Redis::cluster(&nodes))
+                        .await?
+                        .with_timeout(timeout)
+                        .with_pubsub(client);
+                    match &target.prefix {
+                        Some(prefix) => backend.with_prefix(prefix.as_str()),
+                        None => Ok(backend),
+                    }
+                    .map(Store::Redis)
+                };
+                Ok(opened.await)
+            }
+            "etcd" => {
+                if target.table.is_some() {
+                    return Err(Usage("--table is for SQL databases, not etcd".to_owned()));
+                }
+                let multi = Multi::parse(url)?;
+                if multi.query.is_some() {
+                    return Err(Usage(
+                        "etcd:// takes no options after `?`; the key prefix is the path (etcd://host:2379/myapp/lease/) or --prefix".to_owned(),
+                    ));
+                }
+                let in_path = multi.path.strip_prefix('/').unwrap_or(&multi.path);
+                let prefix = match (&target.prefix, in_path.is_empty()) {
+                    (Some(_), false) => {
+                        return Err(Usage(
+                            "the key prefix is given twice: in the URL's path and with --prefix"
+                                .to_owned(),
+                        ));
+                    }
+                    (Some(prefix), true) => Some(prefix.clone()),
+                    (None, false) => Some(crate::redact::percent_decode(in_path)),
+                    (None, true) => None,
+                };
+                let endpoints: Vec<String> =
+                    multi.hosts.iter().map(|h| format!("http://{h}")).collect();
+                let mut options = etcd_client::ConnectOptions::new()
+                    .with_connect_timeout(timeout)
+                    .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
+                    .with_keep_alive_while_idle(true)
+                    .with_require_leader(true);
+                if let Some((user, password)) = multi.credentials() {
+                    options = options.with_user(user, password);
+                }
+                let opened = async {
+                    let client = connect_within(timeout, "connect", async {
+                        Ok(etcd_client::Client::connect(endpoints, Some(options)).await?)
+                    })
+                    .await?;
+                    let backend = Etcd::new(client).with_timeout(timeout);
+                    match prefix {
+                        Some(prefix) => backend.with_prefix(prefix),
+                        None => Ok(backend),
+                    }
+                    .map(Store::Etcd)
+                };
+                Ok(opened.await)
+            }
+            "" => Err(Usage(format!(
+                "no URL: give --url or set LEASE_URL ({SCHEMES})"
+            ))),
             other => Err(Usage(format!(
-                "unknown URL scheme `{other}:`; use postgres://, mysql://, mariadb://, redis://, rediss:// or sqlite:"
+                "unknown URL scheme `{other}:`; use {SCHEMES}"
             ))),
         }
     }
@@ -157,7 +237,7 @@ impl Store {
             Store::Pg(t) => Some(t.schema()),
             Store::MySql(t) => Some(t.schema()),
             Store::Sqlite(t) => Some(t.schema()),
-            Store::PgAdvisory(_) | Store::Redis(_) => None,
+            Store::PgAdvisory(_) | Store::Redis(_) | Store::Etcd(_) => None,
         }
     }
 
@@ -167,7 +247,7 @@ impl Store {
             Store::Pg(t) => t.ensure_schema().await,
             Store::MySql(t) => t.ensure_schema().await,
             Store::Sqlite(t) => t.ensure_schema().await,
-            Store::PgAdvisory(_) | Store::Redis(_) => Ok(()),
+            Store::PgAdvisory(_) | Store::Redis(_) | Store::Etcd(_) => Ok(()),
         }
     }
 
@@ -179,6 +259,76 @@ impl Store {
             ),
             _ => None,
         }
+    }
+}
+
+/// The schemes the command knows, for its messages.
+const SCHEMES: &str =
+    "postgres://, mysql://, mariadb://, redis://, rediss://, redis+cluster://, etcd:// or sqlite:";
+
+/// `call`, failing with [`Error::Timeout`] after `timeout`: a cluster's
+/// client connects (and an etcd client with a user authenticates) when it
+/// is made, and neither bounds that by itself.
+async fn connect_within<T>(
+    timeout: Duration,
+    operation: &'static str,
+    call: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| Error::Timeout {
+            operation,
+            after: timeout,
+        })?
+}
+
+/// A URL with several `host:port`s: `scheme://[user[:password]@]host:port[,host:port...][/path][?query]`.
+#[derive(Debug)]
+struct Multi {
+    /// `user:password@`, as written, or empty.
+    userinfo: String,
+    hosts: Vec<String>,
+    /// From the first `/` after the hosts, up to `?`; may be empty.
+    path: String,
+    query: Option<String>,
+}
+
+impl Multi {
+    fn parse(url: &str) -> Result<Self, Usage> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| Usage("expected scheme://host:port[,host:port...]".to_owned()))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query.to_owned())),
+            None => (rest, None),
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(at) => (&rest[..at], rest[at..].to_owned()),
+            None => (rest, String::new()),
+        };
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (&authority[..=at], &authority[at + 1..]),
+            None => ("", authority),
+        };
+        let hosts: Vec<String> = hosts.split(',').map(str::to_owned).collect();
+        if hosts.iter().any(|h| h.is_empty()) {
+            return Err(Usage(format!("{scheme}:// needs host:port[,host:port...]")));
+        }
+        Ok(Self {
+            userinfo: userinfo.to_owned(),
+            hosts,
+            path,
+            query,
+        })
+    }
+
+    /// The user and password of the user info, percent-decoded (etcd's
+    /// authentication needs both).
+    fn credentials(&self) -> Option<(String, String)> {
+        let info = self.userinfo.strip_suffix('@')?;
+        let (user, password) = info.split_once(':').unwrap_or((info, ""));
+        let decode = crate::redact::percent_decode;
+        Some((decode(user), decode(password)))
     }
 }
 

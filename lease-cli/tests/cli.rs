@@ -1,5 +1,6 @@
 //! The `lease` binary, run as a user runs it, against SQLite, PostgreSQL,
-//! MariaDB and Redis: every behaviour of `lease run` the README promises
+//! MariaDB, Redis, a Redis Cluster and an etcd cluster (`redis+cluster://`,
+//! `etcd://`, on the clusters of `lease_tests::clusters`): every behaviour of `lease run` the README promises
 //! (one of two concurrent runs runs; the conflict exit code; the
 //! environment; CMD's exit status; loss stops CMD; SIGTERM releases at
 //! once; a SIGKILLed run's lease is seen by `list`/`show` and freed by
@@ -169,6 +170,37 @@ async fn redis() -> Option<Target> {
     Some(Target {
         url: lease_tests::redis_url(),
         unreachable: format!("redis://:{SECRET}@127.0.0.1:1"),
+        _file: None,
+    })
+}
+
+/// `redis+cluster://` with every node of the test binary's Redis Cluster.
+async fn redis_cluster() -> Option<Target> {
+    let cluster = lease_tests::clusters::redis_cluster()?;
+    let hosts: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.trim_start_matches("redis://").to_owned())
+        .collect();
+    Some(Target {
+        url: format!("redis+cluster://{}", hosts.join(",")),
+        unreachable: format!("redis+cluster://:{SECRET}@127.0.0.1:1,127.0.0.1:2"),
+        _file: None,
+    })
+}
+
+/// `etcd://` with every member of the test binary's etcd cluster, and a
+/// prefix of this test binary's own (the path).
+async fn etcd() -> Option<Target> {
+    let cluster = lease_tests::clusters::etcd_cluster()?;
+    let hosts: Vec<String> = cluster
+        .endpoints()
+        .iter()
+        .map(|e| e.trim_start_matches("http://").to_owned())
+        .collect();
+    Some(Target {
+        url: format!("etcd://{}/{}/", hosts.join(","), unique("cli")),
+        unreachable: format!("etcd://root:{SECRET}@127.0.0.1:1,127.0.0.1:2/x/"),
         _file: None,
     })
 }
@@ -538,7 +570,52 @@ macro_rules! cli_tests {
     )*};
 }
 
-cli_tests!(sqlite, postgres, mariadb, redis);
+cli_tests!(sqlite, postgres, mariadb, redis, redis_cluster, etcd);
+
+/// `etcd://`: the path is the key prefix — a lease taken through one prefix
+/// is not seen through another, nor through `--prefix` with a different
+/// one — and the prefix is given once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_etcd_prefix_is_the_path() {
+    let Some(t) = etcd().await else { return };
+    let name = unique("cli-prefix");
+    let mut run = t
+        .lease(&[
+            "run",
+            "--name",
+            &name,
+            "--ttl",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            "echo started; exec sleep 30",
+        ])
+        .spawn()
+        .unwrap();
+    assert_eq!(first_line(&mut run).await, "started");
+    let (code, out, err) = t.output(&["show", &name]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("state: held"), "{out}");
+    // `etcd://HOSTS` and `/PREFIX/`.
+    let hosts_end = "etcd://".len() + t.url["etcd://".len()..].find('/').unwrap();
+    let (bare, path) = t.url.split_at(hosts_end);
+    let prefix = &path[1..];
+    // The same members, the default prefix `lease/`: another key.
+    let (code, out, _) = output(lease_at(bare, &["show", &name])).await;
+    assert_eq!(code, 1, "{bare}: {out}");
+    let (code, _, err) = output(lease_at(&t.url, &["show", "--prefix", "other/", &name])).await;
+    assert_eq!(code, 78, "{err}");
+    assert!(err.contains("given twice"), "{err}");
+    let mut with_flag = lease_at(bare, &["show", &name]);
+    with_flag.args(["--prefix", prefix]);
+    let (code, out, err) = output(with_flag).await;
+    assert_eq!(code, 0, "--prefix {prefix}: {err}");
+    assert!(out.contains("state: held"), "{out}");
+    signal(run.id().unwrap(), "TERM");
+    let (code, err) = finish(run, Duration::from_secs(10)).await;
+    assert_eq!(code, 128 + 15, "{err}");
+}
 
 /// `--advisory` (`PgAdvisory`): `show` names the holding session, `list`
 /// shows the lock by key (the name cannot be recovered from `pg_locks`),

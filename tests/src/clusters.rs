@@ -224,8 +224,11 @@ fn watched_for(owner: u32, dir: &Path, program: &Path, args: &[String]) -> Resul
 
 /// Kill the process group led by `child` (a [`watched`] watchdog and its program).
 fn kill_group(mut child: Child) {
+    // `--`: procps' `kill -KILL -PGID` (without it) exits 0 having killed
+    // nothing, and the `wait` below would then wait for ever.
     let _ = Command::new("kill")
         .arg("-KILL")
+        .arg("--")
         .arg(format!("-{}", child.id()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
