@@ -247,13 +247,19 @@ fn temp_dir(what: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// A Redis Cluster of 3 masters (no replicas, no persistence) on 127.0.0.1,
-/// made with `redis-cli --cluster create`; stopped and deleted on drop.
+/// A Redis Cluster on 127.0.0.1 (no persistence), made with `redis-cli
+/// --cluster create`: 3 masters for the conformance tests
+/// ([`redis_cluster`]), 3 masters with a replica each for the fault suite
+/// ([`RedisCluster::with_replicas`]); stopped and deleted on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
     dir: PathBuf,
+    server: PathBuf,
     ports: Vec<u16>,
-    children: Vec<Child>,
+    /// The arguments of each node's `redis-server` (to start it again).
+    args: Vec<Vec<String>>,
+    /// Each node's watchdog; `None` while the node is killed.
+    children: Vec<Option<Child>>,
 }
 
 /// The Redis Cluster of this test binary, started by the first caller;
@@ -283,16 +289,34 @@ impl RedisCluster {
     ///
     /// When the binaries are missing or the cluster does not come up.
     pub fn start(n: usize) -> Result<Self, String> {
+        Self::start_with(n, 0, 2000)
+    }
+
+    /// Start `masters` masters with one replica each, and a
+    /// `cluster-node-timeout` of `node_timeout_ms`: a master that stops
+    /// answering for that long is failed over to its replica (the fault
+    /// suite's `master-kill`).
+    ///
+    /// # Errors
+    ///
+    /// When the binaries are missing or the cluster does not come up.
+    pub fn with_replicas(masters: usize, node_timeout_ms: u32) -> Result<Self, String> {
+        Self::start_with(masters, 1, node_timeout_ms)
+    }
+
+    fn start_with(masters: usize, replicas: usize, node_timeout_ms: u32) -> Result<Self, String> {
         kill_leftovers();
         let server = binary("LEASE_REDIS_SERVER", &["redis-server"], &[])?;
         let cli = binary("LEASE_REDIS_CLI", &["redis-cli"], &[])?;
         let dir = temp_dir("redis-cluster")?;
         let mut cluster = Self {
             dir,
+            server,
             ports: Vec::new(),
+            args: Vec::new(),
             children: Vec::new(),
         };
-        for i in 0..n {
+        for i in 0..masters * (1 + replicas) {
             let (port, bus) = (free_port()?, free_port()?);
             let args = vec![
                 "--bind".to_owned(),
@@ -310,7 +334,7 @@ impl RedisCluster {
                     .display()
                     .to_string(),
                 "--cluster-node-timeout".to_owned(),
-                "2000".to_owned(),
+                node_timeout_ms.to_string(),
                 "--save".to_owned(),
                 String::new(),
                 "--appendonly".to_owned(),
@@ -326,7 +350,8 @@ impl RedisCluster {
             ];
             cluster
                 .children
-                .push(watched(&cluster.dir, &server, &args)?);
+                .push(Some(watched(&cluster.dir, &cluster.server, &args)?));
+            cluster.args.push(args);
             cluster.ports.push(port);
         }
         let start = Instant::now();
@@ -340,7 +365,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")))
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
@@ -351,9 +376,12 @@ impl RedisCluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        while !cluster.ports.iter().all(|&p| cluster_ok(p)) {
+        cluster.wait_ok(READY_TIMEOUT)?;
+        // Replicas are told their master by `--cluster create`; wait until
+        // each has one and is in sync with it.
+        while replicas > 0 && cluster.nodes_table().iter().filter(|n| n.master).count() != masters {
             if start.elapsed() > READY_TIMEOUT {
-                return Err("the redis cluster is not ok".to_owned());
+                return Err("the redis cluster's replicas did not attach".to_owned());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -367,11 +395,177 @@ impl RedisCluster {
             .map(|p| format!("redis://127.0.0.1:{p}"))
             .collect()
     }
+
+    /// The nodes' ports, in the order of [`nodes`](RedisCluster::nodes).
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// The directory of the cluster (nodes' configurations and logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Wait until every running node reports `cluster_state:ok`.
+    ///
+    /// # Errors
+    ///
+    /// When that takes longer than `timeout`.
+    pub fn wait_ok(&self, timeout: Duration) -> Result<(), String> {
+        let start = Instant::now();
+        while !self.running().all(|i| cluster_ok(self.ports[i])) {
+            if start.elapsed() > timeout {
+                return Err(format!("the redis cluster is not ok after {timeout:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// The indexes of the nodes that are not killed.
+    fn running(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.ports.len()).filter(|&i| self.children[i].is_some())
+    }
+
+    /// `CLUSTER NODES` as some running node sees it.
+    fn nodes_table(&self) -> Vec<NodeLine> {
+        for i in self.running() {
+            let reply = redis_inline(self.ports[i], "CLUSTER NODES");
+            let table: Vec<NodeLine> = reply.lines().filter_map(NodeLine::parse).collect();
+            if !table.is_empty() {
+                return table;
+            }
+        }
+        Vec::new()
+    }
+
+    /// The hash slot of `key` (`CLUSTER KEYSLOT` on a running node).
+    ///
+    /// # Errors
+    ///
+    /// When no running node answers.
+    pub fn keyslot(&self, key: &str) -> Result<u16, String> {
+        for i in self.running() {
+            let reply = redis_inline(self.ports[i], &format!("CLUSTER KEYSLOT {key}"));
+            if let Some(slot) = reply
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix(':'))
+                .and_then(|n| n.trim().parse().ok())
+            {
+                return Ok(slot);
+            }
+        }
+        Err(format!("no node answered CLUSTER KEYSLOT {key}"))
+    }
+
+    /// The node (index) that the running nodes see as the master of `slot`,
+    /// if it is not marked failed.
+    pub fn master_of(&self, slot: u16) -> Option<usize> {
+        let table = self.nodes_table();
+        let master = table
+            .iter()
+            .find(|n| n.master && !n.failed && n.slots.iter().any(|r| r.contains(&slot)))?;
+        self.ports.iter().position(|&p| p == master.port)
+    }
+
+    /// The replicas (indexes) of the node at `index`.
+    pub fn replicas_of(&self, index: usize) -> Vec<usize> {
+        let table = self.nodes_table();
+        let Some(id) = table
+            .iter()
+            .find(|n| n.port == self.ports[index])
+            .map(|n| n.id.clone())
+        else {
+            return Vec::new();
+        };
+        table
+            .iter()
+            .filter(|n| n.master_id == id)
+            .filter_map(|n| self.ports.iter().position(|&p| p == n.port))
+            .collect()
+    }
+
+    /// Send one inline command to the node at `index`; its reply.
+    pub fn command(&self, index: usize, command: &str) -> String {
+        redis_inline(self.ports[index], command)
+    }
+
+    /// `SIGKILL` the node at `index` (and its watchdog).
+    pub fn kill(&mut self, index: usize) {
+        if let Some(child) = self.children[index].take() {
+            kill_group(child);
+        }
+    }
+
+    /// Start the node at `index` again, with its configuration file (it
+    /// rejoins the cluster; its data is gone: no persistence); waits until
+    /// it answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// When it does not start within 10 s.
+    pub fn restart(&mut self, index: usize) -> Result<(), String> {
+        self.kill(index);
+        self.children[index] = Some(watched(&self.dir, &self.server, &self.args[index])?);
+        let start = Instant::now();
+        while !ping(self.ports[index]) {
+            if start.elapsed() > Duration::from_secs(10) {
+                return Err(format!("redis node {index} did not start again"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+/// One line of `CLUSTER NODES`.
+#[derive(Debug)]
+struct NodeLine {
+    id: String,
+    port: u16,
+    master: bool,
+    failed: bool,
+    /// The id of its master, for a replica (`-` for a master).
+    master_id: String,
+    slots: Vec<std::ops::RangeInclusive<u16>>,
+}
+
+impl NodeLine {
+    /// `<id> <ip:port@bus> <flags> <master> <ping> <pong> <epoch> <link> <slot>...`
+    fn parse(line: &str) -> Option<Self> {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8 || fields[0].len() != 40 {
+            return None;
+        }
+        let addr = fields[1].split('@').next()?;
+        let port = addr.rsplit(':').next()?.parse().ok()?;
+        let flags: Vec<&str> = fields[2].split(',').collect();
+        let slots = fields[8..]
+            .iter()
+            .filter(|s| !s.starts_with('['))
+            .filter_map(|s| match s.split_once('-') {
+                Some((a, b)) => Some(a.parse().ok()?..=b.parse().ok()?),
+                None => {
+                    let n = s.parse().ok()?;
+                    Some(n..=n)
+                }
+            })
+            .collect();
+        Some(Self {
+            id: fields[0].to_owned(),
+            port,
+            master: flags.contains(&"master"),
+            failed: flags.iter().any(|f| *f == "fail" || *f == "fail?"),
+            master_id: fields[3].to_owned(),
+            slots,
+        })
+    }
 }
 
 impl Drop for RedisCluster {
     fn drop(&mut self) {
-        for child in self.children.drain(..) {
+        for child in self.children.drain(..).flatten() {
             kill_group(child);
         }
         let _ = std::fs::remove_dir_all(&self.dir);

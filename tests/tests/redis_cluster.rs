@@ -1,4 +1,5 @@
-//! `Redis` on a 3-master Redis Cluster: `renew_many` splits its batch by
+//! `Redis` on a 3-master Redis Cluster: `list` scans every master, and
+//! `renew_many` splits its batch by
 //! hash slot, so the cluster never sees a script over keys of several slots
 //! (which it refuses with `CROSSSLOT`). The conformance suite runs on the
 //! same kind of cluster (`conformance.rs`, `redis_cluster::*`); the
@@ -13,6 +14,11 @@ use std::time::Duration;
 use lease::backend::Redis;
 use lease::{Acquisition, Backend};
 use lease_tests::unique;
+
+/// Taken by every test here: `renew_many_sends_one_script_per_hash_slot`
+/// counts the scripts that every node ran, so no other test may send any
+/// meanwhile.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The sum of a field over the `INFO` sections of every node, e.g.
 /// `cmdstat_evalsha` `calls`.
@@ -45,6 +51,7 @@ async fn renew_many_sends_one_script_per_hash_slot() {
     let Some(cluster) = lease_tests::clusters::redis_cluster() else {
         return;
     };
+    let _alone = ONE_AT_A_TIME.lock().await;
     let nodes = cluster.nodes();
     let backend = Redis::cluster(&nodes).await.unwrap();
     assert!(backend.is_cluster());
@@ -116,6 +123,99 @@ async fn renew_many_sends_one_script_per_hash_slot() {
         slots.len(),
         names.len()
     );
+    for (name, fence) in names.iter().zip(&fences) {
+        backend
+            .release(Acquisition::new(name, &holder, *fence))
+            .await
+            .unwrap();
+    }
+}
+
+/// `list` on a cluster finds the leases on every master: their names are
+/// spread over the slots of all three (checked with `CLUSTER KEYSLOT` and
+/// `CLUSTER SLOTS`), and every one of them is listed, held ones with their
+/// holder and fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_finds_the_leases_on_every_master() {
+    lease_tests::init_tracing();
+    let Some(cluster) = lease_tests::clusters::redis_cluster() else {
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let nodes = cluster.nodes();
+    let prefix = format!("{}:", unique("list"));
+    let backend = Redis::cluster(&nodes)
+        .await
+        .unwrap()
+        .with_prefix(prefix)
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let holder = unique("holder");
+    let names: Vec<String> = (0..30).map(|i| format!("spread-{i}")).collect();
+    let mut fences = Vec::new();
+    for name in &names {
+        fences.push(
+            backend
+                .acquire(name, &holder, ttl)
+                .await
+                .unwrap()
+                .unwrap()
+                .fencing_token,
+        );
+    }
+    // The masters that serve the names' slots: all three.
+    let client = redis::cluster::ClusterClient::new(nodes.clone()).unwrap();
+    let mut c = client.get_async_connection().await.unwrap();
+    let slots: Vec<(i64, i64, redis::Value)> = redis::cmd("CLUSTER")
+        .arg("SLOTS")
+        .query_async::<Vec<Vec<redis::Value>>>(&mut c)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|range| {
+            let n = |v: &redis::Value| match v {
+                redis::Value::Int(n) => *n,
+                other => panic!("not a slot number: {other:?}"),
+            };
+            (n(&range[0]), n(&range[1]), range[2].clone())
+        })
+        .collect();
+    let mut masters = HashSet::new();
+    for name in &names {
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(backend.lock_key(name))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        let (_, _, master) = slots
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .unwrap();
+        masters.insert(format!("{master:?}"));
+    }
+    assert_eq!(masters.len(), 3, "the names' slots are on every master");
+
+    let listed = backend.list().await.unwrap();
+    assert_eq!(
+        listed.len(),
+        names.len(),
+        "list answers every lease, on every master"
+    );
+    let listed: HashSet<(String, String, Option<u64>)> = listed
+        .iter()
+        .map(|l| (l.name.clone(), l.holder.clone(), l.fencing_token))
+        .collect();
+    let expected: HashSet<(String, String, Option<u64>)> = names
+        .iter()
+        .zip(&fences)
+        .map(|(name, fence)| (name.clone(), holder.clone(), *fence))
+        .collect();
+    assert_eq!(
+        listed, expected,
+        "list answers every lease, on every master"
+    );
+
     for (name, fence) in names.iter().zip(&fences) {
         backend
             .release(Acquisition::new(name, &holder, *fence))

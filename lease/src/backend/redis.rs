@@ -1066,6 +1066,99 @@ impl Redis {
         (self.lock_key(&name) == format!("{}{{{escaped}}}", self.prefix)).then_some(name)
     }
 
+    /// The keys under `pattern` on every master of the cluster: `CLUSTER
+    /// SLOTS` (on any node) names the masters, then each is scanned with
+    /// `SCAN cursor MATCH pattern COUNT step` sent to it by address, one
+    /// round trip per step. Bounded by the backend's timeout as a whole.
+    #[cfg(feature = "redis-cluster")]
+    async fn scan_masters(&self, pattern: &str, step: u32) -> Result<Vec<Vec<Vec<u8>>>, Error> {
+        use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let scan = async {
+            let conn = self.connection().await?;
+            let Conn::Cluster(c) = &*conn else {
+                return Err(Error::Protocol("not a cluster connection".to_owned()));
+            };
+            let mut c = c.clone();
+            let slots = self
+                .route(
+                    &conn,
+                    &mut c,
+                    ::redis::cmd("CLUSTER").arg("SLOTS").clone(),
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+                )
+                .await?;
+            // Each range: start, end, then the master `[ip, port, id, ..]`
+            // and its replicas.
+            let ranges: Vec<Vec<::redis::Value>> =
+                ::redis::from_redis_value(slots).map_err(RedisError::from)?;
+            let mut masters: Vec<(String, u16)> = Vec::new();
+            for range in &ranges {
+                let Some(master) = range.get(2) else { continue };
+                let master: Vec<::redis::Value> =
+                    ::redis::from_redis_value_ref(master).map_err(RedisError::from)?;
+                let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
+                    continue;
+                };
+                let host: String = ::redis::from_redis_value_ref(host).map_err(RedisError::from)?;
+                let port: u16 = ::redis::from_redis_value_ref(port).map_err(RedisError::from)?;
+                if !masters.iter().any(|m| m.0 == host && m.1 == port) {
+                    masters.push((host, port));
+                }
+            }
+            let mut keys = Vec::new();
+            for (host, port) in masters {
+                let mut cursor = "0".to_owned();
+                loop {
+                    let mut cmd = ::redis::cmd("SCAN");
+                    cmd.arg(&cursor)
+                        .arg("MATCH")
+                        .arg(pattern)
+                        .arg("COUNT")
+                        .arg(step);
+                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port,
+                    });
+                    let (next, found): (String, Vec<Vec<u8>>) =
+                        ::redis::from_redis_value(self.route(&conn, &mut c, cmd, routing).await?)
+                            .map_err(RedisError::from)?;
+                    keys.push(found);
+                    if next == "0" {
+                        break;
+                    }
+                    cursor = next;
+                }
+            }
+            Ok(keys)
+        };
+        tokio::time::timeout(self.timeout, scan)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                operation: "list",
+                after: self.timeout,
+            }))
+    }
+
+    /// One command sent where `routing` says on the cluster connection
+    /// `c` (a clone of `conn`); `conn` is retired if it ends unanswered.
+    #[cfg(feature = "redis-cluster")]
+    async fn route(
+        &self,
+        conn: &Arc<Conn>,
+        c: &mut ::redis::cluster_async::ClusterConnection,
+        cmd: ::redis::Cmd,
+        routing: ::redis::cluster_routing::RoutingInfo,
+    ) -> Result<::redis::Value, Error> {
+        let in_flight = InFlight {
+            redis: self,
+            conn: conn.clone(),
+            answered: false,
+        };
+        let result = c.route_command(cmd, routing).await;
+        in_flight.finish(&result);
+        Ok(result?)
+    }
+
     /// The renewal of `lease` for `ttl_ms`, or `None` if it has no fencing
     /// token (every grant of this backend has one, so it cannot be ours).
     fn renew_call(&self, lease: Acquisition<'_>, ttl_ms: u32) -> Option<ScriptInvocation<'static>> {
@@ -1258,7 +1351,10 @@ impl Backend for Redis {
     /// `KEYS`) with `MATCH` on the prefix, a step of up to 1,000 keys per
     /// round trip, then each as [`inspect`](Backend::inspect) answers it
     /// (its scripts sent together, pipelined), in the order `SCAN` found
-    /// them.
+    /// them. On a Redis Cluster (`Redis::cluster`) every master is scanned
+    /// in turn (the masters of `CLUSTER SLOTS`), since each holds the keys
+    /// of its own slots only; a lease whose slot moves to another master
+    /// during the scan (a failover, a resharding) may be missed.
     ///
     /// - **Default layout**: the lock keys and the fence keys under the
     ///   prefix ([Keys](Redis#keys)) name the leases, so a name once
@@ -1276,8 +1372,24 @@ impl Backend for Redis {
         let pattern = self.scan_pattern();
         let mut names: Vec<String> = Vec::new();
         let mut seen = std::collections::HashSet::new();
+        let mut found = |keys: &[Vec<u8>]| {
+            for key in keys {
+                if let Some(name) = self.name_of_key(key)
+                    && seen.insert(name.clone())
+                {
+                    names.push(name);
+                }
+            }
+        };
+        #[cfg(feature = "redis-cluster")]
+        if self.is_cluster() {
+            // A script without keys runs on one node: scan every master.
+            for keys in self.scan_masters(&pattern, STEP).await? {
+                found(&keys);
+            }
+        }
         let mut cursor = "0".to_owned();
-        loop {
+        while !self.is_cluster() {
             let mut call = SCRIPTS.scan.prepare_invoke();
             call.arg(&cursor).arg(&pattern).arg(STEP);
             let [(next, keys)] = &self.run::<(String, Vec<Vec<u8>>)>("list", &[call]).await?[..]
@@ -1286,13 +1398,7 @@ impl Backend for Redis {
                     "the scan script answered no value".to_owned(),
                 ));
             };
-            for key in keys {
-                if let Some(name) = self.name_of_key(key)
-                    && seen.insert(name.clone())
-                {
-                    names.push(name);
-                }
-            }
+            found(keys);
             if next == "0" {
                 break;
             }

@@ -47,6 +47,8 @@ pub(crate) enum Raw {
     Pg(sqlx::PgPool),
     MySql(sqlx::MySqlPool),
     Redis(deadpool_redis::Pool, Redis),
+    /// No raw release (the Redis Cluster, where `late-release` does not run).
+    None,
 }
 
 /// What a contender believes about its lease under `deadline-1.2`: valid
@@ -179,6 +181,11 @@ return 0
             .invoke_async::<i64>(&mut conn)
             .await
             .map_err(redis)?;
+        }
+        Raw::None => {
+            return Err(Error::Protocol(
+                "release-ignores-fence: no raw release on this backend".to_owned(),
+            ));
         }
     }
     Ok(())

@@ -48,6 +48,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::time::Instant;
 
+use crate::clusters::RedisCluster;
 use crate::proxy::{FaultProxy, Mode, StalledRequest};
 use crate::servers::{PrivateServer, RedisPersistence, signal};
 
@@ -77,6 +78,10 @@ fn us(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// The `cluster-node-timeout` of the fault suite's Redis Cluster: a master
+/// that does not answer for that long is failed over to its replica.
+pub const CLUSTER_NODE_TIMEOUT_MS: u32 = 1000;
+
 /// A backend under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BackendKind {
@@ -88,15 +93,19 @@ pub enum BackendKind {
     PgAdvisory,
     /// `Redis` on a private Redis.
     Redis,
+    /// `Redis::cluster` on a private Redis Cluster: 3 masters, each with
+    /// one replica ([`RedisCluster::with_replicas`]).
+    RedisCluster,
 }
 
 impl BackendKind {
     /// Every backend, in report order.
-    pub const ALL: [BackendKind; 4] = [
+    pub const ALL: [BackendKind; 5] = [
         BackendKind::PgTable,
         BackendKind::MySqlTable,
         BackendKind::PgAdvisory,
         BackendKind::Redis,
+        BackendKind::RedisCluster,
     ];
 
     /// The name used on command lines and in reports.
@@ -106,6 +115,7 @@ impl BackendKind {
             BackendKind::MySqlTable => "mysql-table",
             BackendKind::PgAdvisory => "pg-advisory",
             BackendKind::Redis => "redis",
+            BackendKind::RedisCluster => "redis-cluster",
         }
     }
 
@@ -116,6 +126,7 @@ impl BackendKind {
             BackendKind::MySqlTable => "MySqlTable (MariaDB)",
             BackendKind::PgAdvisory => "PgAdvisory",
             BackendKind::Redis => "Redis",
+            BackendKind::RedisCluster => "Redis (Cluster)",
         }
     }
 
@@ -126,6 +137,12 @@ impl BackendKind {
 
     /// The faults that apply to this backend, in report order.
     pub fn faults(self) -> Vec<Fault> {
+        if self == BackendKind::RedisCluster {
+            // The contenders talk to the nodes directly (the cluster tells
+            // them where its nodes are), so the faults of the proxy do not
+            // apply; the holder's process, and the master of its slot.
+            return vec![Fault::Kill, Fault::Stop, Fault::MasterKill];
+        }
         Fault::ALL
             .into_iter()
             .filter(|f| match f {
@@ -136,6 +153,7 @@ impl BackendKind {
                 // see `docs/RELIABILITY.md` for the others.
                 Fault::BlackHoleConn => self == BackendKind::Redis,
                 Fault::RestartNoPersistence => self == BackendKind::Redis,
+                Fault::MasterKill => false,
                 _ => true,
             })
             .collect()
@@ -193,6 +211,12 @@ pub enum Fault {
     /// Redis without persistence crashes and restarts, as [`Fault::Restart`]:
     /// every key is lost.
     RestartNoPersistence,
+    /// Redis Cluster: `SIGKILL` of the master of the lease's hash slot; its
+    /// replica takes over (after the `cluster-node-timeout`, or at once by
+    /// `CLUSTER FAILOVER TAKEOVER`), then the killed node is started again
+    /// and rejoins as a replica. Replication is asynchronous: the promoted
+    /// replica may lack the lock or the fence counter's last increment.
+    MasterKill,
 }
 
 impl Fault {
@@ -201,7 +225,7 @@ impl Fault {
     pub const ELECTION: [Fault; 4] = [Fault::Kill, Fault::Stop, Fault::ConnKill, Fault::BlackHole];
 
     /// Every fault, in report order.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::Kill,
         Fault::Stop,
         Fault::ConnKill,
@@ -213,6 +237,7 @@ impl Fault {
         Fault::LateRelease,
         Fault::Restart,
         Fault::RestartNoPersistence,
+        Fault::MasterKill,
     ];
 
     /// The name used on command lines and in reports.
@@ -229,6 +254,7 @@ impl Fault {
             Fault::LateRelease => "late-release",
             Fault::Restart => "restart",
             Fault::RestartNoPersistence => "restart-no-persistence",
+            Fault::MasterKill => "master-kill",
         }
     }
 
@@ -244,6 +270,10 @@ impl Fault {
                 "ttl/6 each way, holder's link only",
             ],
             Fault::Restart | Fault::RestartNoPersistence => &["down 1.5 ttl", "restarted at once"],
+            Fault::MasterKill => &[
+                "failover after the node timeout",
+                "replica takes over at once",
+            ],
             _ => &[""],
         }
     }
@@ -255,10 +285,22 @@ impl Fault {
     pub fn revokes(self, backend: BackendKind) -> bool {
         match self {
             Fault::Steal | Fault::RestartNoPersistence => true,
+            // The promoted replica may not have the lock.
+            Fault::MasterKill => true,
             // The session *is* the lock: when it ends, the lock is free.
             Fault::ConnKill | Fault::Reset | Fault::Restart => backend == BackendKind::PgAdvisory,
             _ => false,
         }
+    }
+}
+
+impl Fault {
+    /// Is the outcome of this fault reported as measured, with no required
+    /// property but the fenced resource's own (no stale-fence write
+    /// accepted)? Faults that lose keys the lease depends on: a restart
+    /// without persistence, a failover to a replica that may lack them.
+    pub fn reported_only(self) -> bool {
+        matches!(self, Fault::RestartNoPersistence | Fault::MasterKill)
     }
 }
 
@@ -449,6 +491,24 @@ struct Event {
     /// `black-hole-conn`: from the end of the victim's section to its next
     /// acquisition (`None`: not within the nemesis' wait).
     reacquired_after: Option<Option<Duration>>,
+    /// `master-kill`: whether the replica had the victim's lock, and the
+    /// fence counter at least at the victim's fence, when the master died.
+    replicated: Option<(bool, bool)>,
+}
+
+/// The bulk strings of a run of Redis replies (`$-1`: `None`); other
+/// replies (`+OK`) are skipped.
+fn bulk_strings(reply: &str) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    let mut lines = reply.split("\r\n");
+    while let Some(line) = lines.next() {
+        if line == "$-1" {
+            out.push(None);
+        } else if line.starts_with('$') {
+            out.push(lines.next().map(str::to_owned));
+        }
+    }
+    out
 }
 
 /// What one backend × fault showed.
@@ -512,8 +572,15 @@ pub struct ScenarioResult {
     /// Pauses of 0.6 to 1.4 ttl (around the local deadline): only the
     /// overlap count and, if the holder noticed, its wake-up are checked.
     pub short_pauses: usize,
-    /// Server downtime per restart.
+    /// Server downtime per restart; `master-kill`: from the kill until the
+    /// cluster served the slot again (the failover).
     pub downtimes: Vec<Duration>,
+    /// The length of every overlap counted in [`overlaps`](ScenarioResult::overlaps).
+    pub overlap_lengths: Vec<Duration>,
+    /// `master-kill`, per landed injection: whether the replica had the
+    /// victim's lock, and the fence counter up to the victim's fence, when
+    /// the master died.
+    pub replicated: Vec<(bool, bool)>,
     /// Required properties that did not hold.
     pub failures: Vec<String>,
     /// One injection drawn (`None`: none landed); the report writes it
@@ -604,6 +671,15 @@ struct Servers {
     mariadb: Option<PrivateServer>,
     redis: Option<PrivateServer>,
     redis_volatile: Option<PrivateServer>,
+    redis_cluster: Option<RedisCluster>,
+}
+
+/// Where a scenario's contenders connect.
+enum Target<'a> {
+    /// One private server.
+    Server(&'a mut PrivateServer),
+    /// A private Redis Cluster.
+    Cluster(&'a mut RedisCluster),
 }
 
 async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Report, RunError> {
@@ -654,6 +730,14 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
             );
         }
     }
+    if wants(BackendKind::RedisCluster) {
+        let cluster =
+            tokio::task::spawn_blocking(|| RedisCluster::with_replicas(3, CLUSTER_NODE_TIMEOUT_MS))
+                .await
+                .map_err(|e| unavailable(e.to_string()))?
+                .map_err(unavailable)?;
+        servers.redis_cluster = Some(cluster);
+    }
     let mut environment = Environment::probe().await;
     for server in [&servers.pg, &servers.mariadb, &servers.redis]
         .into_iter()
@@ -661,17 +745,34 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
     {
         environment.servers.push(server.version().await);
     }
+    if let Some(cluster) = &servers.redis_cluster {
+        let info = cluster.command(0, "INFO server");
+        let version = info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim();
+        environment.servers.push(format!(
+            "Redis Cluster {version} (3 masters, 1 replica each, cluster-node-timeout \
+             {CLUSTER_NODE_TIMEOUT_MS} ms, no persistence)"
+        ));
+    }
 
     let mut results = Vec::new();
     for (backend, fault, election) in config.scenarios() {
         {
             let server = match (backend, fault) {
-                (BackendKind::PgTable | BackendKind::PgAdvisory, _) => servers.pg.as_mut(),
-                (BackendKind::MySqlTable, _) => servers.mariadb.as_mut(),
-                (BackendKind::Redis, Fault::RestartNoPersistence) => {
-                    servers.redis_volatile.as_mut()
+                (BackendKind::PgTable | BackendKind::PgAdvisory, _) => {
+                    servers.pg.as_mut().map(Target::Server)
                 }
-                (BackendKind::Redis, _) => servers.redis.as_mut(),
+                (BackendKind::MySqlTable, _) => servers.mariadb.as_mut().map(Target::Server),
+                (BackendKind::Redis, Fault::RestartNoPersistence) => {
+                    servers.redis_volatile.as_mut().map(Target::Server)
+                }
+                (BackendKind::Redis, _) => servers.redis.as_mut().map(Target::Server),
+                (BackendKind::RedisCluster, _) => {
+                    servers.redis_cluster.as_mut().map(Target::Cluster)
+                }
             }
             .ok_or_else(|| RunError::Failed("BUG: no server for a backend".to_owned()))?;
             let began = Instant::now();
@@ -815,6 +916,8 @@ fn executes(backend: BackendKind, bytes: &[u8]) -> bool {
             let text = String::from_utf8_lossy(bytes).to_ascii_uppercase();
             text.contains("\r\nEVALSHA\r\n") || text.contains("\r\nEVAL\r\n")
         }
+        // No proxy between the contenders and the cluster.
+        BackendKind::RedisCluster => false,
     }
 }
 
@@ -824,7 +927,7 @@ struct Scenario<'a> {
     fault: Fault,
     /// The contenders run `Lease::elect`.
     election: bool,
-    server: &'a mut PrivateServer,
+    server: Target<'a>,
     checker: &'a Checker,
     prefix: &'a str,
     key: String,
@@ -847,7 +950,7 @@ impl<'a> Scenario<'a> {
         backend: BackendKind,
         fault: Fault,
         election: bool,
-        server: &'a mut PrivateServer,
+        server: Target<'a>,
         checker: &'a Checker,
         prefix: &'a str,
     ) -> Result<Scenario<'a>, RunError> {
@@ -860,9 +963,16 @@ impl<'a> Scenario<'a> {
             .add_resource(&key)
             .await
             .map_err(|e| RunError::Failed(format!("checker: {e}")))?;
+        let upstream = match &server {
+            Target::Server(server) => server.addr(),
+            // Unused: the contenders connect to the nodes themselves.
+            Target::Cluster(cluster) => {
+                std::net::SocketAddr::from(([127, 0, 0, 1], cluster.ports()[0]))
+            }
+        };
         let mut proxies = Vec::new();
         for _ in 0..config.workers {
-            let proxy = FaultProxy::start(server.addr()).await;
+            let proxy = FaultProxy::start(upstream).await;
             // When each answer left the server: where a grant's validity starts.
             proxy.record_replies();
             proxies.push(proxy);
@@ -902,9 +1012,10 @@ impl<'a> Scenario<'a> {
         self.slots.insert(holder.clone(), slot);
         self.started.insert(holder.clone(), monotonic_us());
         let port = self.proxies[slot].addr().port();
-        let url = match self.backend {
-            BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
-            _ => self.server.url_at(port),
+        let url = match (self.backend, &self.server) {
+            (_, Target::Cluster(cluster)) => cluster.nodes().join(","),
+            (BackendKind::MySqlTable, _) => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
+            (_, Target::Server(server)) => server.url_at(port),
         };
         let ttl = self.config.ttl;
         let args = worker::command_line(
@@ -1229,6 +1340,7 @@ impl<'a> Scenario<'a> {
                 tokio::time::sleep(ttl * 2).await;
             }
             Fault::LateRelease => return self.late_releases().await,
+            Fault::MasterKill => return self.master_kill(event).await.map(|e| vec![e]),
             Fault::Restart | Fault::RestartNoPersistence => {
                 let slot = self.victim(ttl * 4).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
@@ -1238,7 +1350,7 @@ impl<'a> Scenario<'a> {
                 } else {
                     Duration::ZERO
                 };
-                let down = self.server.restart_after(down).await?;
+                let down = self.server_mut()?.restart_after(down).await?;
                 event.downtime = Some(down);
                 event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl * 2).await;
@@ -1443,7 +1555,7 @@ impl<'a> Scenario<'a> {
         };
         let killed = match self.backend {
             BackendKind::PgTable | BackendKind::PgAdvisory => {
-                let mut conn = sqlx::PgConnection::connect(&self.server.url())
+                let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let killed: i64 = sqlx::query_scalar(
@@ -1458,7 +1570,7 @@ impl<'a> Scenario<'a> {
                 usize::try_from(killed).unwrap_or(0)
             }
             BackendKind::MySqlTable => {
-                let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
+                let mut conn = sqlx::MySqlConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let ids: Vec<i64> = sqlx::query_scalar(
@@ -1479,7 +1591,7 @@ impl<'a> Scenario<'a> {
                 killed
             }
             BackendKind::Redis => {
-                let client = redis::Client::open(self.server.url()).map_err(|e| err(&e))?;
+                let client = redis::Client::open(self.server()?.url()).map_err(|e| err(&e))?;
                 let mut conn = client
                     .get_multiplexed_async_connection()
                     .await
@@ -1504,8 +1616,108 @@ impl<'a> Scenario<'a> {
                 }
                 killed
             }
+            BackendKind::RedisCluster => return Err("no conn-kill on the Redis Cluster".to_owned()),
         };
         Ok(killed)
+    }
+
+    /// The private server of the scenario (not a cluster).
+    fn server(&self) -> Result<&PrivateServer, String> {
+        match &self.server {
+            Target::Server(server) => Ok(server),
+            Target::Cluster(_) => Err("this fault needs a single server".to_owned()),
+        }
+    }
+
+    fn server_mut(&mut self) -> Result<&mut PrivateServer, String> {
+        match &mut self.server {
+            Target::Server(server) => Ok(server),
+            Target::Cluster(_) => Err("this fault needs a single server".to_owned()),
+        }
+    }
+
+    /// `master-kill`: `SIGKILL` of the master of the lease's hash slot
+    /// while the victim holds the lease; what its replica had of the lock
+    /// and the fence counter at that moment (read from the replica at
+    /// once); the replica takes over (variant 0: by the cluster, after the
+    /// node timeout; variant 1: at once, `CLUSTER FAILOVER TAKEOVER`); then
+    /// the killed node starts again and rejoins as a replica.
+    async fn master_kill(&mut self, mut event: Event) -> Result<Event, String> {
+        let ttl = self.config.ttl;
+        let slot = self.victim(ttl * 10).await?;
+        let victim = self.workers[slot].holder.clone();
+        let fence = self.workers[slot].seen().fence;
+        event.victim = Some(victim.clone());
+        let lock = {
+            let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+                .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+                .map_err(|e| e.to_string())?;
+            Redis::new(pool).lock_key(&self.name)
+        };
+        let Target::Cluster(cluster) = &mut self.server else {
+            return Err("master-kill needs a Redis Cluster".to_owned());
+        };
+        use tokio::task::block_in_place as block;
+        let hash_slot = block(|| cluster.keyslot(&lock))?;
+        let master = block(|| cluster.master_of(hash_slot))
+            .ok_or(format!("no master serves the slot {hash_slot}"))?;
+        let replica = *block(|| cluster.replicas_of(master))
+            .first()
+            .ok_or(format!("the master of the slot {hash_slot} has no replica"))?;
+        event.t = monotonic_us();
+        block(|| cluster.kill(master));
+        // What replication had delivered when the master died.
+        let reply = block(|| {
+            cluster.command(
+                replica,
+                &format!("READONLY\r\nGET {lock}\r\nGET {lock}:fence"),
+            )
+        });
+        let values = bulk_strings(&reply);
+        let had_lock = values.first().cloned().flatten() == Some(format!("{fence}:{victim}"));
+        let counter = values
+            .get(1)
+            .cloned()
+            .flatten()
+            .and_then(|c| c.parse::<i64>().ok())
+            .unwrap_or(0);
+        if event.variant == 1 {
+            block(|| cluster.command(replica, "CLUSTER FAILOVER TAKEOVER"));
+        }
+        let limit = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now_master = block(|| cluster.master_of(hash_slot));
+            if now_master.is_some_and(|m| m != master) {
+                break;
+            }
+            if Instant::now() > limit {
+                return Err(format!(
+                    "no replica took over the slot {hash_slot} within 30 s"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        block(|| cluster.wait_ok(Duration::from_secs(30)))?;
+        let failover = dur(monotonic_us() - event.t);
+        block(|| cluster.restart(master))?;
+        let limit = Instant::now() + Duration::from_secs(30);
+        // Rejoined as the new master's replica, and in sync with it (so
+        // that the next injection finds a replica with the data).
+        while !block(|| cluster.replicas_of(replica)).contains(&master)
+            || !block(|| cluster.command(master, "INFO replication"))
+                .contains("master_link_status:up")
+        {
+            if Instant::now() > limit {
+                return Err("the killed master did not rejoin as a replica within 30 s".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        block(|| cluster.wait_ok(Duration::from_secs(30)))?;
+        event.t_lifted = Some(monotonic_us());
+        event.downtime = Some(failover);
+        event.replicated = Some((had_lock, counter >= fence));
+        tokio::time::sleep(ttl * 2).await;
+        Ok(event)
     }
 
     /// End the lease on the server, behind its holder's back; how many
@@ -1514,7 +1726,7 @@ impl<'a> Scenario<'a> {
         let err = |e: &dyn std::fmt::Display| format!("steal: {e}");
         let stolen = match self.backend {
             BackendKind::PgTable => {
-                let mut conn = sqlx::PgConnection::connect(&self.server.url())
+                let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let done = sqlx::query(
@@ -1529,7 +1741,7 @@ impl<'a> Scenario<'a> {
                 done.rows_affected()
             }
             BackendKind::MySqlTable => {
-                let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
+                let mut conn = sqlx::MySqlConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let done = sqlx::query(
@@ -1544,7 +1756,7 @@ impl<'a> Scenario<'a> {
                 done.rows_affected()
             }
             BackendKind::Redis => {
-                let pool = deadpool_redis::Config::from_url(self.server.url())
+                let pool = deadpool_redis::Config::from_url(self.server()?.url())
                     .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                     .map_err(|e| err(&e))?;
                 let key = Redis::new(pool.clone()).lock_key(&self.name);
@@ -1557,6 +1769,7 @@ impl<'a> Scenario<'a> {
                 u64::try_from(deleted).unwrap_or(0)
             }
             BackendKind::PgAdvisory => return Err("no steal for advisory locks".to_owned()),
+            BackendKind::RedisCluster => return Err("no steal on the Redis Cluster".to_owned()),
         };
         Ok(usize::try_from(stolen).unwrap_or(usize::MAX))
     }
@@ -1751,6 +1964,8 @@ fn analyse(
         downtimes: events.iter().filter_map(|e| e.downtime).collect(),
         taken_during_pause: 0,
         short_pauses: 0,
+        overlap_lengths: Vec::new(),
+        replicated: Vec::new(),
         failures: Vec::new(),
         timeline: None,
     };
@@ -1777,7 +1992,9 @@ fn analyse(
         for b in &intervals[i + 1..] {
             if a.0 != b.0 && a.1 < b.2 && b.1 < a.2 {
                 r.overlaps += 1;
-                r.max_overlap = r.max_overlap.max(dur(a.2.min(b.2) - a.1.max(b.1)));
+                let length = dur(a.2.min(b.2) - a.1.max(b.1));
+                r.max_overlap = r.max_overlap.max(length);
+                r.overlap_lengths.push(length);
             }
         }
     }
@@ -1835,7 +2052,7 @@ fn analyse(
         .filter(|w| !w.accepted && w.valid_after == Some(true))
         .collect();
     r.valid_rejected = valid_rejected.len();
-    if backend.fenced() && fault != Fault::RestartNoPersistence {
+    if backend.fenced() && !fault.reported_only() {
         let unexplained = valid_rejected.iter().filter(|w| !revoked(w)).count();
         if unexplained > 0 {
             r.failures.push(format!(
@@ -1893,6 +2110,7 @@ fn analyse(
         }
         r.hits += 1;
         r.connections += e.count;
+        r.replicated.extend(e.replicated);
         let takeover = sections
             .iter()
             .filter(|s| s.holder != victim && ours(s.t_start))
@@ -1979,9 +2197,7 @@ fn analyse(
                 r.cancels.push(cancel);
                 let bound = match fault {
                     Fault::BlackHole => Some(config.deadline_bound()),
-                    f if f.revokes(backend) && f != Fault::RestartNoPersistence => {
-                        Some(config.cancel_bound())
-                    }
+                    f if f.revokes(backend) && !f.reported_only() => Some(config.cancel_bound()),
                     _ => None,
                 };
                 if let Some(bound) = bound {
@@ -2037,7 +2253,7 @@ fn analyse(
         r.failures
             .push(format!("{} stale-fence writes accepted", r.stale_accepted));
     }
-    if fault == Fault::RestartNoPersistence {
+    if fault.reported_only() {
         // Reported, not required: see docs/RELIABILITY.md.
     } else if fault.revokes(backend) {
         if r.max_overlap > config.cancel_bound() {

@@ -162,12 +162,12 @@ impl Report {
             .filter(|r| {
                 r.fence_reissues > 0
                     || r.valid_rejected > 0
-                    || !r.downtimes.is_empty()
+                    || (!r.downtimes.is_empty() && r.fault != Fault::MasterKill)
                     || !r.miss_reasons.is_empty()
             })
             .map(|r| {
                 let mut parts = Vec::new();
-                if !r.downtimes.is_empty() {
+                if !r.downtimes.is_empty() && r.fault != Fault::MasterKill {
                     parts.push(format!(
                         "server down {} ms (max)",
                         max(r.downtimes.clone()).map_or_else(String::new, ms)
@@ -259,6 +259,7 @@ impl Report {
                     format!(" (≤ {})", ms(c.deadline_bound()))
                 }
                 Fault::RestartNoPersistence => String::new(),
+                Fault::MasterKill => String::new(),
                 f if f.revokes(r.backend) => format!(" (≤ {})", ms(c.cancel_bound())),
                 _ => String::new(),
             };
@@ -282,6 +283,8 @@ impl Report {
             "**FAIL**"
         } else if r.fault == Fault::RestartNoPersistence {
             "not required (no persistence)"
+        } else if r.fault == Fault::MasterKill {
+            "reported, not required (asynchronous replication)"
         } else if revocation {
             "pass (revocation: bounded)"
         } else {
@@ -350,6 +353,26 @@ impl Report {
                     r.reacquires.len(),
                     max(again).map_or_else(|| "—".to_owned(), ms),
                     ms(c.reconnect_bound())
+                )
+            }
+            Fault::MasterKill => {
+                let n = r.replicated.len();
+                let had_lock = r.replicated.iter().filter(|(lock, _)| *lock).count();
+                let had_counter = r.replicated.iter().filter(|(_, c)| *c).count();
+                let overlaps = if r.overlap_lengths.is_empty() {
+                    "no overlap".to_owned()
+                } else {
+                    format!(
+                        "overlaps {} ms median, {} ms max",
+                        median(r.overlap_lengths.clone()).map_or_else(String::new, ms),
+                        max(r.overlap_lengths.clone()).map_or_else(String::new, ms)
+                    )
+                };
+                format!(
+                    "{}; slot served again {} ms after the kill (max); the replica had the \
+                     holder's lock {had_lock}/{n}, the fence counter {had_counter}/{n}; {overlaps}",
+                    per_variant(),
+                    max(r.downtimes.clone()).map_or_else(|| "—".to_owned(), ms)
                 )
             }
             Fault::LateRelease => format!(

@@ -256,11 +256,13 @@ pub(super) fn build(
         Fault::LateRelease => format!("the release of {who} held back in the network"),
         Fault::Restart => format!("server crash{variant}"),
         Fault::RestartNoPersistence => format!("server crash, no persistence{variant}"),
+        Fault::MasterKill => format!("SIGKILL of the master of the lease's slot{variant}"),
     };
     let lifted_what = match fault {
         Fault::Stop => "SIGCONT",
         Fault::LateRelease => "held-back release delivered",
         Fault::Restart | Fault::RestartNoPersistence => "server up again",
+        Fault::MasterKill => "killed master back, as a replica",
         _ => "fault lifted",
     };
     Some(Timeline {

@@ -275,6 +275,13 @@ async fn lease(args: &Args) -> Result<Contender, String> {
             let backend = Redis::new(pool.clone());
             contender(backend.clone(), Raw::Redis(pool, backend), &args.holder)
         }
+        BackendKind::RedisCluster => {
+            // The nodes' URLs, comma-separated.
+            let backend = Redis::cluster(args.url.split(','))
+                .await
+                .map_err(|e| e.to_string())?;
+            contender(backend, Raw::None, &args.holder)
+        }
     })
 }
 
