@@ -163,7 +163,7 @@ fn waiter(t: &Target, holder: &str, push: bool, held: &Arc<Held>) -> Lease {
         Target::Sqlite(b) => Lease::with_holder(probe(b.clone(), push, held), holder),
         Target::Redis(b, _) => Lease::with_holder(probe(b.clone(), push, held), holder),
         Target::PgAdvisory(b, _) => Lease::with_holder(probe(b.clone(), push, held), holder),
-        Target::Etcd(b) => Lease::with_holder(probe(b.clone(), push, held), holder),
+        Target::Etcd(b) => Lease::with_holder(probe((**b).clone(), push, held), holder),
         Target::RedisCluster(b, _) => Lease::with_holder(probe(b.clone(), push, held), holder),
     }
 }

@@ -175,12 +175,15 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
     if let Some(cluster) = &clusters.etcd {
         let (etcd, counter) = servers::etcd(cluster).await?;
         etcd_counter = counter;
-        targets.push((Target::Etcd(etcd), Which::Etcd));
+        targets.push((Target::Etcd(Box::new(etcd)), Which::Etcd));
     }
     if let Some(cluster) = &clusters.redis {
         let (backend, client, counter) = servers::redis_cluster(cluster).await?;
         cluster_counter = counter;
-        targets.push((Target::RedisCluster(backend, client), Which::RedisCluster));
+        targets.push((
+            Target::RedisCluster(backend, Box::new(client)),
+            Which::RedisCluster,
+        ));
     }
     let run_id = format!("run{:x}", std::process::id());
     let q = options.quick;

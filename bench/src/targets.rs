@@ -34,9 +34,10 @@ pub(crate) enum Target {
     Sqlite(SqliteTable),
     Redis(Redis, deadpool_redis::Pool),
     PgAdvisory(PgAdvisory, PgPool),
-    Etcd(Etcd),
+    /// Boxed, as the cluster client below: both are kilobytes large.
+    Etcd(Box<Etcd>),
     /// `Redis::cluster`, and a cluster client to the same nodes for the floor.
-    RedisCluster(Redis, redis::cluster::ClusterClient),
+    RedisCluster(Redis, Box<redis::cluster::ClusterClient>),
 }
 
 /// The floor's Redis connection: to one server, or to a Redis Cluster
@@ -222,7 +223,7 @@ impl Target {
             Target::Sqlite(b) => Lease::with_holder(b.clone(), holder),
             Target::Redis(b, _) => Lease::with_holder(b.clone(), holder),
             Target::PgAdvisory(b, _) => Lease::with_holder(b.clone(), holder),
-            Target::Etcd(b) => Lease::with_holder(b.clone(), holder),
+            Target::Etcd(b) => Lease::with_holder((**b).clone(), holder),
             Target::RedisCluster(b, _) => Lease::with_holder(b.clone(), holder),
         }
     }
@@ -241,7 +242,9 @@ impl Target {
             Target::PgAdvisory(b, _) => {
                 Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
             }
-            Target::Etcd(b) => Lease::with_holder(Counted::new(b.clone(), batched, calls), holder),
+            Target::Etcd(b) => {
+                Lease::with_holder(Counted::new((**b).clone(), batched, calls), holder)
+            }
             Target::RedisCluster(b, _) => {
                 Lease::with_holder(Counted::new(b.clone(), batched, calls), holder)
             }

@@ -40,7 +40,8 @@ pub(crate) enum Store {
     MySql(MySqlTable),
     Sqlite(SqliteTable),
     Redis(Redis),
-    Etcd(Etcd),
+    /// Boxed: an etcd client is kilobytes large.
+    Etcd(Box<Etcd>),
 }
 
 /// Runs `$body` with `$b` bound to the backend inside `$store`.
@@ -218,7 +219,7 @@ impl Store {
                         Some(prefix) => backend.with_prefix(prefix),
                         None => Ok(backend),
                     }
-                    .map(Store::Etcd)
+                    .map(|b| Store::Etcd(Box::new(b)))
                 };
                 Ok(opened.await)
             }
