@@ -190,7 +190,7 @@ impl EtcdCluster {
 /// (led by the watchdog), in `dir`: once this process or the program is
 /// gone, the watchdog kills the program and — if this process is gone —
 /// deletes `dir`.
-fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
+pub(crate) fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
     use std::os::unix::process::CommandExt;
     let script = "owner=$1; dir=$2; shift 2; \"$@\" & m=$!; \
          while kill -0 \"$owner\" 2>/dev/null && kill -0 \"$m\" 2>/dev/null; do sleep 0.5; done; \
@@ -214,9 +214,11 @@ fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String>
 }
 
 /// Kill the process group led by `child` (a [`watched`] watchdog and its program).
-fn kill_group(mut child: Child) {
+pub(crate) fn kill_group(mut child: Child) {
+    // `--`: procps' `kill` takes a bare `-<pgid>` for an option and signals nothing.
     let _ = Command::new("kill")
         .arg("-KILL")
+        .arg("--")
         .arg(format!("-{}", child.id()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -225,7 +227,7 @@ fn kill_group(mut child: Child) {
 }
 
 /// A temporary directory named like those of [`servers`](crate::servers).
-fn temp_dir(what: &str) -> Result<PathBuf, String> {
+pub(crate) fn temp_dir(what: &str) -> Result<PathBuf, String> {
     let dir = std::env::temp_dir().join(format!(
         "{DIR_PREFIX}{}.{}",
         std::process::id(),
@@ -396,7 +398,7 @@ fn cluster_ok(port: u16) -> bool {
 }
 
 /// `GET /health` of the member at `port` answers healthy.
-fn health(port: u16) -> bool {
+pub(crate) fn health(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect_timeout(
         &std::net::SocketAddr::from(([127, 0, 0, 1], port)),

@@ -47,6 +47,7 @@ pub(crate) enum Raw {
     Pg(sqlx::PgPool),
     MySql(sqlx::MySqlPool),
     Redis(deadpool_redis::Pool, Redis),
+    Etcd(Box<lease::backend::Etcd>),
 }
 
 /// What a contender believes about its lease under `deadline-1.2`: valid
@@ -179,6 +180,19 @@ return 0
             .invoke_async::<i64>(&mut conn)
             .await
             .map_err(redis)?;
+        }
+        Raw::Etcd(etcd) => {
+            use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+            // Delete the key if it holds the holder, whichever acquisition.
+            let key = etcd.key(lease.name);
+            let txn = Txn::new()
+                .when([Compare::value(key.clone(), CompareOp::Equal, lease.holder)])
+                .and_then([TxnOp::delete(key, None)]);
+            etcd.client()
+                .clone()
+                .txn(txn)
+                .await
+                .map_err(|e| Error::Backend(Box::new(e)))?;
         }
     }
     Ok(())

@@ -53,6 +53,7 @@ use crate::servers::{PrivateServer, RedisPersistence, signal};
 
 pub mod breaks;
 mod checker;
+pub mod etcd;
 mod report;
 mod timeline;
 pub mod worker;
@@ -88,15 +89,18 @@ pub enum BackendKind {
     PgAdvisory,
     /// `Redis` on a private Redis.
     Redis,
+    /// `Etcd` on a private 3-member etcd cluster ([`etcd::Cluster`]).
+    Etcd,
 }
 
 impl BackendKind {
     /// Every backend, in report order.
-    pub const ALL: [BackendKind; 4] = [
+    pub const ALL: [BackendKind; 5] = [
         BackendKind::PgTable,
         BackendKind::MySqlTable,
         BackendKind::PgAdvisory,
         BackendKind::Redis,
+        BackendKind::Etcd,
     ];
 
     /// The name used on command lines and in reports.
@@ -106,6 +110,7 @@ impl BackendKind {
             BackendKind::MySqlTable => "mysql-table",
             BackendKind::PgAdvisory => "pg-advisory",
             BackendKind::Redis => "redis",
+            BackendKind::Etcd => "etcd",
         }
     }
 
@@ -116,6 +121,7 @@ impl BackendKind {
             BackendKind::MySqlTable => "MySqlTable (MariaDB)",
             BackendKind::PgAdvisory => "PgAdvisory",
             BackendKind::Redis => "Redis",
+            BackendKind::Etcd => "Etcd (3 members)",
         }
     }
 
@@ -134,8 +140,12 @@ impl BackendKind {
                 Fault::Steal | Fault::LateRelease => self.fenced(),
                 // The backend that promises to replace a silent connection;
                 // see `docs/RELIABILITY.md` for the others.
-                Fault::BlackHoleConn => self == BackendKind::Redis,
+                Fault::BlackHoleConn => matches!(self, BackendKind::Redis | BackendKind::Etcd),
                 Fault::RestartNoPersistence => self == BackendKind::Redis,
+                // The faults of an etcd cluster's members.
+                Fault::LeaderKill | Fault::LeaderPause | Fault::Partition => {
+                    self == BackendKind::Etcd
+                }
                 _ => true,
             })
             .collect()
@@ -193,6 +203,17 @@ pub enum Fault {
     /// Redis without persistence crashes and restarts, as [`Fault::Restart`]:
     /// every key is lost.
     RestartNoPersistence,
+    /// etcd: the member that leads the cluster is `SIGKILL`ed (found by
+    /// asking every member, [`etcd::Cluster::leader`]), stays down for 2 ttl,
+    /// and is started again on its data.
+    LeaderKill,
+    /// etcd: the leader member is `SIGSTOP`ped for 3 election timeouts
+    /// ([`etcd::ELECTION_TIMEOUT`]), then `SIGCONT`.
+    LeaderPause,
+    /// etcd: one member is cut off from the two others in both directions
+    /// ([`etcd::Cluster::partition`]) for 3 election timeouts, then healed;
+    /// in turn the leader and a follower. Clients still reach it.
+    Partition,
 }
 
 impl Fault {
@@ -201,7 +222,7 @@ impl Fault {
     pub const ELECTION: [Fault; 4] = [Fault::Kill, Fault::Stop, Fault::ConnKill, Fault::BlackHole];
 
     /// Every fault, in report order.
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 14] = [
         Fault::Kill,
         Fault::Stop,
         Fault::ConnKill,
@@ -213,6 +234,9 @@ impl Fault {
         Fault::LateRelease,
         Fault::Restart,
         Fault::RestartNoPersistence,
+        Fault::LeaderKill,
+        Fault::LeaderPause,
+        Fault::Partition,
     ];
 
     /// The name used on command lines and in reports.
@@ -229,6 +253,9 @@ impl Fault {
             Fault::LateRelease => "late-release",
             Fault::Restart => "restart",
             Fault::RestartNoPersistence => "restart-no-persistence",
+            Fault::LeaderKill => "leader-kill",
+            Fault::LeaderPause => "leader-pause",
+            Fault::Partition => "partition",
         }
     }
 
@@ -244,6 +271,7 @@ impl Fault {
                 "ttl/6 each way, holder's link only",
             ],
             Fault::Restart | Fault::RestartNoPersistence => &["down 1.5 ttl", "restarted at once"],
+            Fault::Partition => &["the leader", "a follower"],
             _ => &[""],
         }
     }
@@ -377,8 +405,24 @@ impl Config {
         match backend {
             // The lock ends with the session: one heartbeat at most.
             BackendKind::PgAdvisory => self.ttl / 3 + self.slack,
+            BackendKind::Etcd => self.etcd_takeover_bound(),
             _ => self.ttl + self.ttl / 3 + self.slack,
         }
+    }
+
+    /// Timing bound: takeover after the holder was killed, on etcd. The
+    /// etcd lease's TTL is the ttl rounded up to whole seconds (at least
+    /// etcd's minimum, 1.5 election timeouts rounded up: 1 s here,
+    /// [`lease::backend::Etcd::lease_ttl_secs`]), counted by the leader from
+    /// the last keep-alive; the leader finds expired leases only when its
+    /// check comes round ([`etcd::EXPIRY_CHECK`], 500 ms) and then revokes
+    /// them through raft. So on top of the other backends' bound
+    /// (`ttl + ttl/3`), the rounding and one expiry check.
+    pub fn etcd_takeover_bound(&self) -> Duration {
+        let etcd_ttl = Duration::from_secs(
+            u64::try_from(lease::backend::Etcd::lease_ttl_secs(self.ttl)).unwrap_or(u64::MAX),
+        );
+        etcd_ttl.max(self.ttl) + self.ttl / 3 + etcd::EXPIRY_CHECK + self.slack
     }
 
     /// Timing bound: a revoked holder's token is cancelled (its next renewal).
@@ -403,6 +447,28 @@ impl Config {
     pub fn reconnect_bound(&self) -> Duration {
         let margin = self.ttl / 100 + Duration::from_millis(2);
         Duration::from_millis(500).min(self.ttl - margin) + Duration::from_millis(60) + self.slack
+    }
+
+    /// [`reconnect_bound`](Config::reconnect_bound), or on etcd
+    /// [`etcd_reconnect_bound`](Config::etcd_reconnect_bound).
+    pub fn reconnect_bound_of(&self, backend: BackendKind) -> Duration {
+        match backend {
+            BackendKind::Etcd => self.etcd_reconnect_bound(),
+            _ => self.reconnect_bound(),
+        }
+    }
+
+    /// Timing bound (`black-hole-conn`) on etcd. The client's gRPC channel
+    /// keeps sending on a connection until HTTP/2 keep-alive retires it:
+    /// a PING every 5 s, 2 s to answer ([`etcd::CLIENT_KEEP_ALIVE`], as
+    /// `Etcd::connect` sets them), so a connection that went silent is
+    /// closed at most 7 s after the silence began, and the channel connects
+    /// again; until then the holder's calls time out. Counted from the end
+    /// of the victim's section (2 ttl after the silence began, so this is
+    /// generous by that much), plus its pause of up to 60 ms and the slack.
+    pub fn etcd_reconnect_bound(&self) -> Duration {
+        let (interval, answer) = etcd::CLIENT_KEEP_ALIVE;
+        interval + answer + Duration::from_millis(60) + self.slack
     }
 }
 
@@ -604,6 +670,7 @@ struct Servers {
     mariadb: Option<PrivateServer>,
     redis: Option<PrivateServer>,
     redis_volatile: Option<PrivateServer>,
+    etcd: Option<etcd::Cluster>,
 }
 
 async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Report, RunError> {
@@ -654,6 +721,9 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
             );
         }
     }
+    if wants(BackendKind::Etcd) {
+        servers.etcd = Some(etcd::Cluster::start(3).await.map_err(unavailable)?);
+    }
     let mut environment = Environment::probe().await;
     for server in [&servers.pg, &servers.mariadb, &servers.redis]
         .into_iter()
@@ -661,9 +731,32 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
     {
         environment.servers.push(server.version().await);
     }
+    if let Some(cluster) = &servers.etcd {
+        environment
+            .servers
+            .push(format!("{} (3 members)", cluster.version()));
+    }
 
     let mut results = Vec::new();
     for (backend, fault, election) in config.scenarios() {
+        if backend == BackendKind::Etcd {
+            let cluster = servers
+                .etcd
+                .as_mut()
+                .ok_or_else(|| RunError::Failed("BUG: no etcd cluster".to_owned()))?;
+            // One cluster for the run: every fault leaves it healthy again.
+            cluster
+                .ensure_healthy()
+                .await
+                .map_err(|e| RunError::Failed(format!("etcd before {}: {e}", fault.as_str())))?;
+            let began = Instant::now();
+            let target = Target::Etcd(cluster);
+            let result =
+                run_scenario(config, backend, fault, election, target, checker, prefix).await?;
+            progress(config, &result, began);
+            results.push(result);
+            continue;
+        }
         {
             let server = match (backend, fault) {
                 (BackendKind::PgTable | BackendKind::PgAdvisory, _) => servers.pg.as_mut(),
@@ -672,40 +765,14 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
                     servers.redis_volatile.as_mut()
                 }
                 (BackendKind::Redis, _) => servers.redis.as_mut(),
+                (BackendKind::Etcd, _) => None,
             }
             .ok_or_else(|| RunError::Failed("BUG: no server for a backend".to_owned()))?;
             let began = Instant::now();
-            let mut scenario =
-                Scenario::new(config, backend, fault, election, server, checker, prefix).await?;
-            let outcome = scenario.run().await;
-            scenario.shutdown().await;
-            let result = match outcome {
-                Ok(events) => scenario.analyse(&events).await?,
-                Err(e) => {
-                    return Err(RunError::Failed(format!(
-                        "{}/{}: {e}",
-                        backend.as_str(),
-                        result_label(fault, election)
-                    )));
-                }
-            };
-            if config.progress {
-                println!(
-                    "fault-suite: {:<12} {:<23} {:>5.1}s  hits {} sections {} overlaps {} stale {}{}",
-                    backend.as_str(),
-                    result_label(fault, election),
-                    began.elapsed().as_secs_f64(),
-                    result.hits,
-                    result.sections,
-                    result.overlaps,
-                    result.stale_accepted,
-                    if result.failures.is_empty() {
-                        String::new()
-                    } else {
-                        format!("  FAILED: {}", result.failures.join("; "))
-                    }
-                );
-            }
+            let target = Target::Server(server);
+            let result =
+                run_scenario(config, backend, fault, election, target, checker, prefix).await?;
+            progress(config, &result, began);
             results.push(result);
         }
     }
@@ -716,6 +783,57 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
         checker: String::new(),
         elapsed: Duration::ZERO,
     })
+}
+
+/// Run one scenario on `target` and analyse it.
+async fn run_scenario(
+    config: &Config,
+    backend: BackendKind,
+    fault: Fault,
+    election: bool,
+    target: Target<'_>,
+    checker: &Checker,
+    prefix: &str,
+) -> Result<ScenarioResult, RunError> {
+    let mut scenario =
+        Scenario::new(config, backend, fault, election, target, checker, prefix).await?;
+    let outcome = scenario.run().await;
+    scenario.shutdown().await;
+    match outcome {
+        Ok(events) => scenario.analyse(&events).await,
+        Err(e) => Err(RunError::Failed(format!(
+            "{}/{}: {e}",
+            backend.as_str(),
+            result_label(fault, election)
+        ))),
+    }
+}
+
+/// The progress line of a scenario (if [`Config::progress`]).
+fn progress(config: &Config, result: &ScenarioResult, began: Instant) {
+    if config.progress {
+        println!(
+            "fault-suite: {:<12} {:<23} {:>5.1}s  hits {} sections {} overlaps {} stale {}{}",
+            result.backend.as_str(),
+            result_label(result.fault, result.election),
+            began.elapsed().as_secs_f64(),
+            result.hits,
+            result.sections,
+            result.overlaps,
+            result.stale_accepted,
+            if result.failures.is_empty() {
+                String::new()
+            } else {
+                format!("  FAILED: {}", result.failures.join("; "))
+            }
+        );
+    }
+}
+
+/// What a scenario faults: one private server, or the etcd cluster.
+enum Target<'a> {
+    Server(&'a mut PrivateServer),
+    Etcd(&'a mut etcd::Cluster),
 }
 
 /// `fault`, and `(election)` for an election scenario.
@@ -769,6 +887,22 @@ impl Worker {
     }
 }
 
+/// [`executes`] for the lease `name`: on etcd, a chunk that carries a
+/// request naming the lease's key (`lease/{name}`) — a transaction:
+/// acquire, release, read. The HTTP/2 frames of gRPC compress their
+/// headers, so the method is not in the bytes; the keep-alives and
+/// revocations name only an etcd lease id, and the contenders' HTTP/2
+/// pings nothing.
+fn executes_on(backend: BackendKind, name: &str, bytes: &[u8]) -> bool {
+    if backend == BackendKind::Etcd {
+        let key = format!("lease/{name}");
+        return bytes
+            .windows(key.len())
+            .any(|window| window == key.as_bytes());
+    }
+    executes(backend, bytes)
+}
+
 /// Does this chunk a client sent make the server run a statement (or
 /// script)? What `late-release` stalls: not the pings that pools send on
 /// their own (a PostgreSQL `Sync`, a MySQL `COM_PING`, deadpool-redis'
@@ -815,6 +949,8 @@ fn executes(backend: BackendKind, bytes: &[u8]) -> bool {
             let text = String::from_utf8_lossy(bytes).to_ascii_uppercase();
             text.contains("\r\nEVALSHA\r\n") || text.contains("\r\nEVAL\r\n")
         }
+        // Needs the lease's name: see `executes_on`.
+        BackendKind::Etcd => false,
     }
 }
 
@@ -824,7 +960,7 @@ struct Scenario<'a> {
     fault: Fault,
     /// The contenders run `Lease::elect`.
     election: bool,
-    server: &'a mut PrivateServer,
+    target: Target<'a>,
     checker: &'a Checker,
     prefix: &'a str,
     key: String,
@@ -847,7 +983,7 @@ impl<'a> Scenario<'a> {
         backend: BackendKind,
         fault: Fault,
         election: bool,
-        server: &'a mut PrivateServer,
+        target: Target<'a>,
         checker: &'a Checker,
         prefix: &'a str,
     ) -> Result<Scenario<'a>, RunError> {
@@ -862,7 +998,11 @@ impl<'a> Scenario<'a> {
             .map_err(|e| RunError::Failed(format!("checker: {e}")))?;
         let mut proxies = Vec::new();
         for _ in 0..config.workers {
-            let proxy = FaultProxy::start(server.addr()).await;
+            // A contender's link: to the server, or to every member.
+            let proxy = match &target {
+                Target::Server(server) => FaultProxy::start(server.addr()).await,
+                Target::Etcd(cluster) => FaultProxy::start_many(&cluster.client_addrs()).await,
+            };
             // When each answer left the server: where a grant's validity starts.
             proxy.record_replies();
             proxies.push(proxy);
@@ -872,7 +1012,7 @@ impl<'a> Scenario<'a> {
             backend,
             fault,
             election,
-            server,
+            target,
             checker,
             prefix,
             key,
@@ -891,6 +1031,22 @@ impl<'a> Scenario<'a> {
         Ok(scenario)
     }
 
+    /// The private server (every backend but etcd).
+    fn server(&self) -> Result<&PrivateServer, String> {
+        match &self.target {
+            Target::Server(server) => Ok(server),
+            Target::Etcd(_) => Err("BUG: no private server for etcd".to_owned()),
+        }
+    }
+
+    /// The etcd cluster.
+    fn cluster(&mut self) -> Result<&mut etcd::Cluster, String> {
+        match &mut self.target {
+            Target::Etcd(cluster) => Ok(cluster),
+            Target::Server(_) => Err("BUG: no etcd cluster for this backend".to_owned()),
+        }
+    }
+
     fn spawn(&mut self, slot: usize) -> Result<Worker, String> {
         self.generation += 1;
         let holder = format!(
@@ -904,7 +1060,14 @@ impl<'a> Scenario<'a> {
         let port = self.proxies[slot].addr().port();
         let url = match self.backend {
             BackendKind::MySqlTable => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
-            _ => self.server.url_at(port),
+            // Every member, through the contender's proxy.
+            BackendKind::Etcd => self.proxies[slot]
+                .addrs()
+                .iter()
+                .map(|a| format!("http://{a}"))
+                .collect::<Vec<_>>()
+                .join(","),
+            _ => self.server()?.url_at(port),
         };
         let ttl = self.config.ttl;
         let args = worker::command_line(
@@ -1229,6 +1392,9 @@ impl<'a> Scenario<'a> {
                 tokio::time::sleep(ttl * 2).await;
             }
             Fault::LateRelease => return self.late_releases().await,
+            Fault::LeaderKill | Fault::LeaderPause | Fault::Partition => {
+                self.member_fault(&mut event).await?;
+            }
             Fault::Restart | Fault::RestartNoPersistence => {
                 let slot = self.victim(ttl * 4).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
@@ -1238,13 +1404,61 @@ impl<'a> Scenario<'a> {
                 } else {
                     Duration::ZERO
                 };
-                let down = self.server.restart_after(down).await?;
+                let down = match &mut self.target {
+                    Target::Server(server) => server.restart_after(down).await?,
+                    // Every member crashes (SIGKILL) and restarts.
+                    Target::Etcd(cluster) => cluster.crash_all(down).await?,
+                };
                 event.downtime = Some(down);
                 event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl * 2).await;
             }
         }
         Ok(vec![event])
+    }
+
+    /// The faults of an etcd member ([`Fault::LeaderKill`],
+    /// [`Fault::LeaderPause`], [`Fault::Partition`]), while a contender
+    /// holds (and keeps holding through the fault); the cluster is healthy
+    /// again (every member up and in touch) when this returns.
+    async fn member_fault(&mut self, event: &mut Event) -> Result<(), String> {
+        let ttl = self.config.ttl;
+        let fault = self.fault;
+        let slot = self.victim(ttl * 6).await?;
+        event.victim = Some(self.workers[slot].holder.clone());
+        let cluster = self.cluster()?;
+        let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+        // Longer than an election timeout: the others elect a new leader.
+        let cut = etcd::ELECTION_TIMEOUT * 3;
+        event.t = monotonic_us();
+        match fault {
+            Fault::LeaderKill => {
+                cluster.kill(leader);
+                tokio::time::sleep(ttl * 2).await;
+                cluster.restart(leader).await?;
+            }
+            Fault::LeaderPause => {
+                cluster.pause(leader);
+                tokio::time::sleep(cut).await;
+                cluster.resume(leader);
+            }
+            _ => {
+                let member = if event.variant == 0 {
+                    leader
+                } else {
+                    (leader + 1) % cluster.len()
+                };
+                cluster.partition(member);
+                tokio::time::sleep(cut).await;
+                cluster.heal();
+            }
+        }
+        event.t_lifted = Some(monotonic_us());
+        event.count = 1;
+        let cluster = self.cluster()?;
+        cluster.ensure_healthy().await?;
+        tokio::time::sleep(ttl).await;
+        Ok(())
     }
 
     /// `stop`: SIGSTOP the holder, SIGCONT it after the variant's pause.
@@ -1354,7 +1568,8 @@ impl<'a> Scenario<'a> {
         }
         event.t = monotonic_us();
         let backend = self.backend;
-        self.proxies[slot].stall_requests(move |chunk| executes(backend, chunk));
+        let name = self.name.clone();
+        self.proxies[slot].stall_requests(move |chunk| executes_on(backend, &name, chunk));
         self.workers[slot].send("go").await;
         // The release gives up (or, on Redis, is retried on a new
         // connection); the engine keeps the name for a ttl after an
@@ -1382,7 +1597,7 @@ impl<'a> Scenario<'a> {
         let release = self.workers[slot].seen().last_release;
         let landed = |r: &StalledRequest| {
             release.is_some_and(|(sent, done, _)| sent <= r.first_at_us && r.first_at_us <= done)
-                && executes(self.backend, &r.bytes)
+                && executes_on(self.backend, &self.name, &r.bytes)
         };
         event.count = held.iter().filter(|r| landed(r)).count();
         if event.missed.is_none() {
@@ -1422,8 +1637,9 @@ impl<'a> Scenario<'a> {
         let acquisitions = self.workers[slot].seen().acquisitions;
         let ended = Instant::now();
         self.workers[slot].send("end").await;
+        let wait = (ttl * 4).max(self.config.reconnect_bound_of(self.backend) + ttl);
         let acquired = self
-            .wait_for(slot, ttl * 4, |s| s.acquisitions > acquisitions)
+            .wait_for(slot, wait, |s| s.acquisitions > acquisitions)
             .await;
         event.reacquired_after = Some(acquired.then(|| ended.elapsed()));
         event.t_lifted = Some(monotonic_us());
@@ -1442,8 +1658,13 @@ impl<'a> Scenario<'a> {
             (holder.to_owned(), format!("w{slot}"))
         };
         let killed = match self.backend {
+            // etcd has no call to end a client's connections: the
+            // contender's connections (to every member) are reset in its
+            // proxy instead, a TCP RST to both ends.
+            BackendKind::Etcd if breaks::on("kill-nothing") => 0,
+            BackendKind::Etcd => self.proxies[slot].reset(),
             BackendKind::PgTable | BackendKind::PgAdvisory => {
-                let mut conn = sqlx::PgConnection::connect(&self.server.url())
+                let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let killed: i64 = sqlx::query_scalar(
@@ -1458,7 +1679,7 @@ impl<'a> Scenario<'a> {
                 usize::try_from(killed).unwrap_or(0)
             }
             BackendKind::MySqlTable => {
-                let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
+                let mut conn = sqlx::MySqlConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let ids: Vec<i64> = sqlx::query_scalar(
@@ -1479,7 +1700,7 @@ impl<'a> Scenario<'a> {
                 killed
             }
             BackendKind::Redis => {
-                let client = redis::Client::open(self.server.url()).map_err(|e| err(&e))?;
+                let client = redis::Client::open(self.server()?.url()).map_err(|e| err(&e))?;
                 let mut conn = client
                     .get_multiplexed_async_connection()
                     .await
@@ -1514,7 +1735,7 @@ impl<'a> Scenario<'a> {
         let err = |e: &dyn std::fmt::Display| format!("steal: {e}");
         let stolen = match self.backend {
             BackendKind::PgTable => {
-                let mut conn = sqlx::PgConnection::connect(&self.server.url())
+                let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let done = sqlx::query(
@@ -1529,7 +1750,7 @@ impl<'a> Scenario<'a> {
                 done.rows_affected()
             }
             BackendKind::MySqlTable => {
-                let mut conn = sqlx::MySqlConnection::connect(&self.server.url())
+                let mut conn = sqlx::MySqlConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
                 let done = sqlx::query(
@@ -1544,7 +1765,7 @@ impl<'a> Scenario<'a> {
                 done.rows_affected()
             }
             BackendKind::Redis => {
-                let pool = deadpool_redis::Config::from_url(self.server.url())
+                let pool = deadpool_redis::Config::from_url(self.server()?.url())
                     .create_pool(Some(deadpool_redis::Runtime::Tokio1))
                     .map_err(|e| err(&e))?;
                 let key = Redis::new(pool.clone()).lock_key(&self.name);
@@ -1557,6 +1778,29 @@ impl<'a> Scenario<'a> {
                 u64::try_from(deleted).unwrap_or(0)
             }
             BackendKind::PgAdvisory => return Err("no steal for advisory locks".to_owned()),
+            // Revoke the key's etcd lease (etcd deletes the key with it):
+            // deleting only the key would leave the holder's keep-alives
+            // succeeding — see the `Etcd` docs, "Faults".
+            BackendKind::Etcd => {
+                let endpoints = match &self.target {
+                    Target::Etcd(cluster) => cluster.endpoints(),
+                    Target::Server(_) => return Err("BUG: etcd without a cluster".to_owned()),
+                };
+                let etcd = lease::backend::Etcd::connect(endpoints)
+                    .await
+                    .map_err(|e| err(&e))?;
+                let mut client = etcd.client().clone();
+                let kvs = client
+                    .get(etcd.key(&self.name), None)
+                    .await
+                    .map_err(|e| err(&e))?
+                    .take_kvs();
+                let mut revoked = 0;
+                for kv in kvs.iter().filter(|kv| kv.lease() != 0) {
+                    revoked += u64::from(client.lease_revoke(kv.lease()).await.is_ok());
+                }
+                revoked
+            }
         };
         Ok(usize::try_from(stolen).unwrap_or(usize::MAX))
     }
@@ -2136,10 +2380,10 @@ fn black_hole_conn(
     let again = e.reacquired_after.flatten();
     r.reacquires.push(again);
     match again {
-        Some(t) if t <= config.reconnect_bound() => {}
+        Some(t) if t <= config.reconnect_bound_of(backend) => {}
         other => r.failures.push(format!(
             "black-hole-conn: the holder acquired again after {other:?}, bound {:?}",
-            config.reconnect_bound()
+            config.reconnect_bound_of(backend)
         )),
     }
 }

@@ -275,6 +275,21 @@ async fn lease(args: &Args) -> Result<Contender, String> {
             let backend = Redis::new(pool.clone());
             contender(backend.clone(), Raw::Redis(pool, backend), &args.holder)
         }
+        BackendKind::Etcd => {
+            // Every member, through this contender's proxy; `connect` only
+            // fails when no member answers (a restart of them all, say):
+            // retried for a while.
+            let endpoints: Vec<&str> = args.url.split(',').collect();
+            let limit = Instant::now() + Duration::from_secs(30);
+            let etcd = loop {
+                match lease::backend::Etcd::connect(&endpoints).await {
+                    Ok(etcd) => break etcd,
+                    Err(e) if Instant::now() > limit => return Err(e.to_string()),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            contender(etcd.clone(), Raw::Etcd(Box::new(etcd)), &args.holder)
+        }
     })
 }
 
