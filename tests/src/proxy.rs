@@ -86,6 +86,10 @@
 //! mode. The server's side ending (for example a killed session) ends the
 //! client's side too, with whatever was still held back.
 //!
+//! [`start_many`](FaultProxy::start_many) makes one proxy for a client's
+//! link to several servers (the members of a cluster): a listening port per
+//! server, and one mode, one set of connections to reset or stall, for all.
+//!
 //! Dropping the proxy stops it and cuts every connection.
 
 use std::net::SocketAddr;
