@@ -190,7 +190,7 @@ impl EtcdCluster {
 /// (led by the watchdog), in `dir`: once this process or the program is
 /// gone, the watchdog kills the program and — if this process is gone —
 /// deletes `dir`.
-fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
+pub(crate) fn watched(dir: &Path, program: &Path, args: &[String]) -> Result<Child, String> {
     watched_for(std::process::id(), dir, program, args)
 }
 
@@ -223,7 +223,7 @@ fn watched_for(owner: u32, dir: &Path, program: &Path, args: &[String]) -> Resul
 }
 
 /// Kill the process group led by `child` (a [`watched`] watchdog and its program).
-fn kill_group(mut child: Child) {
+pub(crate) fn kill_group(mut child: Child) {
     // `--`: procps' `kill -KILL -PGID` (without it) exits 0 having killed
     // nothing, and the `wait` below would then wait for ever.
     let _ = Command::new("kill")
@@ -237,7 +237,7 @@ fn kill_group(mut child: Child) {
 }
 
 /// A temporary directory named like those of [`servers`](crate::servers).
-fn temp_dir(what: &str) -> Result<PathBuf, String> {
+pub(crate) fn temp_dir(what: &str) -> Result<PathBuf, String> {
     let dir = std::env::temp_dir().join(format!(
         "{DIR_PREFIX}{}.{}",
         std::process::id(),
@@ -602,7 +602,7 @@ fn cluster_ok(port: u16) -> bool {
 }
 
 /// `GET /health` of the member at `port` answers healthy.
-fn health(port: u16) -> bool {
+pub(crate) fn health(port: u16) -> bool {
     use std::io::{Read, Write};
     let Ok(mut stream) = std::net::TcpStream::connect_timeout(
         &std::net::SocketAddr::from(([127, 0, 0, 1], port)),

@@ -86,6 +86,10 @@
 //! mode. The server's side ending (for example a killed session) ends the
 //! client's side too, with whatever was still held back.
 //!
+//! [`start_many`](FaultProxy::start_many) makes one proxy for a client's
+//! link to several servers (the members of a cluster): a listening port per
+//! server, and one mode, one set of connections to reset or stall, for all.
+//!
 //! Dropping the proxy stops it and cuts every connection.
 
 use std::net::SocketAddr;
@@ -199,9 +203,9 @@ struct Shared {
     /// Notified (all waiters) on [`FaultProxy::reset`].
     reset: Notify,
     open: AtomicUsize,
-    /// Connections accepted so far; also the number of the next one.
+    /// Connections accepted so far (on every listener); also the number of
+    /// the next one.
     accepted: AtomicU64,
-    upstream: SocketAddr,
     /// Numbers the armings of [`FaultProxy::stall_requests`].
     stalls: AtomicU64,
     /// What the current arming holds back, and how it tells a request.
@@ -226,13 +230,14 @@ impl Shared {
     }
 }
 
-/// A TCP proxy to one upstream server whose behaviour ([`Mode`]) can be
-/// switched while it runs; see the [module docs](self).
+/// A TCP proxy to one upstream server (or to several, one listening port
+/// each: [`start_many`](FaultProxy::start_many)) whose behaviour ([`Mode`])
+/// can be switched while it runs; see the [module docs](self).
 #[derive(Debug)]
 pub struct FaultProxy {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl FaultProxy {
@@ -243,10 +248,20 @@ impl FaultProxy {
     ///
     /// If no local port can be bound.
     pub async fn start(upstream: SocketAddr) -> FaultProxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind a local port");
-        let addr = listener.local_addr().expect("local address");
+        Self::start_many(&[upstream]).await
+    }
+
+    /// One proxy for the link of one client to several servers (the members
+    /// of a cluster): it listens on a free port of 127.0.0.1 for each of
+    /// `upstreams` ([`addrs`](FaultProxy::addrs), in the same order) and
+    /// forwards each port's connections to its upstream. Everything else —
+    /// the mode, resets, stalls, counts, recorded replies — concerns all
+    /// the ports together.
+    ///
+    /// # Panics
+    ///
+    /// If no local port can be bound.
+    pub async fn start_many(upstreams: &[SocketAddr]) -> FaultProxy {
         let shared = Arc::new(Shared {
             state: watch::Sender::new(State {
                 mode: Mode::Pass,
@@ -256,7 +271,6 @@ impl FaultProxy {
             reset: Notify::new(),
             open: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
-            upstream,
             stalls: AtomicU64::new(0),
             stalled: Mutex::new(Vec::new()),
             is_request: RequestFilter::default(),
@@ -265,28 +279,46 @@ impl FaultProxy {
             last_activity: AtomicI64::new(0),
             client_closes: Mutex::new(Vec::new()),
         });
-        let accept = shared.clone();
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            loop {
-                tokio::select! {
-                    accepted = listener.accept() => match accepted {
-                        Ok((client, _)) => {
-                            let id = accept.accepted.fetch_add(1, Ordering::Relaxed);
-                            connections.spawn(connection(client, id, accept.clone()));
-                        }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                    },
-                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for &upstream in upstreams {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a local port");
+            addrs.push(listener.local_addr().expect("local address"));
+            let accept = shared.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut connections = tokio::task::JoinSet::new();
+                loop {
+                    tokio::select! {
+                        accepted = listener.accept() => match accepted {
+                            Ok((client, _)) => {
+                                let id = accept.accepted.fetch_add(1, Ordering::Relaxed);
+                                connections.spawn(connection(client, upstream, id, accept.clone()));
+                            }
+                            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                        },
+                        Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                    }
                 }
-            }
-        });
-        FaultProxy { addr, shared, task }
+            }));
+        }
+        FaultProxy {
+            addrs,
+            shared,
+            tasks,
+        }
     }
 
     /// The address to connect to instead of the server's.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// The addresses to connect to instead of the servers', one per
+    /// upstream given to [`start_many`](FaultProxy::start_many).
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     /// The current mode.
@@ -404,8 +436,10 @@ impl FaultProxy {
 
 impl Drop for FaultProxy {
     fn drop(&mut self) {
-        // Aborting the accept task drops its `JoinSet`, which aborts every connection.
-        self.task.abort();
+        // Aborting an accept task drops its `JoinSet`, which aborts every connection.
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
@@ -426,7 +460,7 @@ fn rst_on_close(stream: &TcpStream) {
     let _ = stream.set_linger(Some(Duration::ZERO));
 }
 
-async fn connection(mut client: TcpStream, id: u64, shared: Arc<Shared>) {
+async fn connection(mut client: TcpStream, upstream: SocketAddr, id: u64, shared: Arc<Shared>) {
     shared.open.fetch_add(1, Ordering::Relaxed);
     let _open = Open(shared.clone());
     let reset = shared.reset.notified();
@@ -436,7 +470,7 @@ async fn connection(mut client: TcpStream, id: u64, shared: Arc<Shared>) {
     let mut state = shared.state.subscribe();
     let connect = async {
         let _ = state.wait_for(|s| s.mode_of(id) != Mode::BlackHole).await;
-        TcpStream::connect(shared.upstream).await
+        TcpStream::connect(upstream).await
     };
     let mut server = tokio::select! {
         server = connect => match server {

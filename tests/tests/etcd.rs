@@ -135,3 +135,36 @@ async fn a_reacquire_with_a_longer_ttl_holds_that_long() {
     );
     assert!(etcd.force_release("job").await.unwrap());
 }
+
+/// A key deleted by hand (`etcdctl del`) without revoking its etcd lease:
+/// the etcd lease lives on, so a keep-alive alone still succeeds; the
+/// renewal reads the key too and must report the lease lost, because
+/// another holder can acquire the name at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_by_hand_is_lost_at_the_next_renewal() {
+    lease_tests::init_tracing();
+    let Some(etcd) = etcd().await else { return };
+    let name = "deleted-by-hand";
+    let ttl = Duration::from_secs(5);
+    let grant = etcd.acquire(name, "pod-a", ttl).await.unwrap().unwrap();
+    let lease = Acquisition::new(name, "pod-a", grant.fencing_token);
+    assert!(
+        etcd.renew(lease, ttl).await.unwrap(),
+        "held before the delete"
+    );
+    let mut client = etcd.client().clone();
+    client.delete(etcd.key(name), None).await.unwrap();
+    assert!(
+        !etcd.renew(lease, ttl).await.unwrap(),
+        "the key is gone: the renewal must report the lease lost"
+    );
+    let other = etcd
+        .acquire(name, "pod-b", ttl)
+        .await
+        .unwrap()
+        .expect("free after the delete");
+    assert!(other.fencing_token > grant.fencing_token);
+    etcd.release(Acquisition::new(name, "pod-b", other.fencing_token))
+        .await
+        .unwrap();
+}

@@ -5,7 +5,8 @@
 //! and what each number means are in `docs/RELIABILITY.md`.
 //!
 //! Needs the shared PostgreSQL (for the checker) and the PostgreSQL,
-//! MariaDB and Redis binaries (for the private servers). Without them the
+//! MariaDB, Redis and etcd binaries (for the private servers and the
+//! 3-member etcd cluster). Without them the
 //! test prints `skipped: ...` and passes — unless `LEASE_REQUIRE_SERVICES=1`.
 
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! [`Etcd`]: one etcd lease per acquisition, transactions for acquire and
-//! release, a keep-alive per renewal.
+//! release, keep-alives and a linearizable read of the key per renewal.
 //!
 //! # Ground rules
 //!
@@ -10,7 +10,9 @@
 //!   `create_revision` (the cluster-wide revision of that put) identifies the
 //!   acquisition and is its fencing token.
 //! - Renew and release concern one acquisition: renew keeps alive the etcd
-//!   lease of that acquisition (the key lives exactly as long as it), release
+//!   lease of that acquisition (the key lives exactly as long as it) and
+//!   trusts the keep-alive only if a linearizable read of the key, in the
+//!   same raft term, finds the acquisition's key on that etcd lease; release
 //!   deletes the key only if its `create_revision` and holder are the
 //!   acquisition's, then revokes the etcd lease.
 //! - Each backend value remembers the etcd lease of each acquisition it made
@@ -43,10 +45,17 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   fencing token, and the old etcd lease is revoked in the background.
 ///   An etcd lease granted but not used is revoked in the background. Two
 ///   round trips (three for a re-acquire).
-/// - **renew**: one `LeaseKeepAlive` round trip of the acquisition's etcd
-///   lease, which restarts its TTL (the ttl it was granted: etcd cannot
-///   change a lease's TTL, so a renewal with another ttl keeps the first).
-///   A lease that etcd reports gone (TTL 0: expired or revoked) is lost.
+/// - **renew**: a `LeaseKeepAlive` of the acquisition's etcd lease, which
+///   restarts its TTL (the ttl it was granted: etcd cannot change a lease's
+///   TTL, so a renewal with another ttl keeps the first), checked by a
+///   linearizable `Range` of the key (see [Renewal](#renewal-and-a-deposed-leader)).
+///   etcd-client 0.21's `lease_keep_alive` opens a keep-alive stream, sends
+///   one keep-alive and keeps only its TTL, not its header; so the renewal
+///   sends a second keep-alive on that stream *together with* the range (one
+///   round trip of latency for the two) and judges those answers: three
+///   requests, two round trips of latency. A lease that etcd reports gone
+///   (TTL 0: expired or revoked) or whose key the read does not find with
+///   this acquisition's `create_revision`, holder and etcd lease is lost.
 /// - **release**: one transaction deleting the key iff its `create_revision`
 ///   is the acquisition's fencing token and its value the holder, then a
 ///   `LeaseRevoke` of the etcd lease.
@@ -56,6 +65,39 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 /// is safe: the holder stops before etcd frees the key. Another holder may
 /// take over only when the etcd lease has expired — up to the rounding, plus
 /// etcd's expiry check (every 500 ms), after the requested ttl.
+///
+/// # Renewal and a deposed leader
+///
+/// etcd before 3.4.28 and 3.5.11 (etcd issue #15247, fixed by PR #16822,
+/// which makes `LeaseRenew` check that its member still leads; Debian
+/// bookworm ships 3.4.23) lets a leader that was paused and resumed, and has
+/// not yet heard of the newer term, answer a keep-alive from its own lessor.
+/// The new leader, promoted before that keep-alive, never extended the
+/// lease and revokes it at its expiry, while the holder trusts the answer
+/// and runs past it: two valid holders (the fault suite's `leader-pause`
+/// row measured it, see docs/RELIABILITY.md). So a renewal is trusted only
+/// if:
+///
+/// - the keep-alive answers a TTL above 0, and
+/// - a linearizable read of the key (the default `GetOptions`, not
+///   serializable), sent no earlier than that keep-alive, finds the key with
+///   this acquisition's `create_revision`, holder and etcd lease, and
+/// - the raft term in the read's response header equals the one in the
+///   keep-alive's.
+///
+/// Why the term: a keep-alive answered in term T extended the lease on the
+/// leader of T. A linearizable read is served only after a quorum confirmed
+/// its leader, at a time after the read was sent, so after the keep-alive
+/// was sent; if it still sees term T, no newer leader was promoted before
+/// the keep-alive was sent, and a leader promoted after it restarts every
+/// lease's full TTL on taking over: the lease lives at least until the
+/// keep-alive's send time + TTL, what the engine assumes. If the read sees
+/// another term, that cannot be told apart, and the renewal fails with
+/// [`Error::Etcd`] — neither renewed nor lost: the engine retries it until
+/// the local deadline, which it does not move. A deposed leader cannot
+/// serve a linearizable read (it has no quorum): the read fails, or waits
+/// until it hears of the new term (its header then has the new one), or
+/// until the call's time limit.
 ///
 /// Every call (all its round trips together) is bounded by the backend's
 /// [timeout](Etcd::with_timeout) (default 5 s), after which it fails with
@@ -90,10 +132,16 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   another client): etcd deletes the key at once; the holder learns at its
 ///   next renewal (within `ttl/3`), whose keep-alive reports the lease gone,
 ///   and its token is cancelled. Another holder may acquire in between: as
-///   with any takeover, the fencing token tells them apart. Deleting the
-///   key by hand (`etcdctl del`) without revoking its lease is **not**
-///   noticed by the holder (its etcd lease lives on) while another holder
-///   may acquire: revoke the lease instead.
+///   with any takeover, the fencing token tells them apart.
+/// - **The key is deleted by hand** (`etcdctl del`) without revoking its
+///   etcd lease: the lease lives on and its keep-alives succeed, but the
+///   renewal's read of the key does not find it, so the holder's next
+///   renewal (within `ttl/3`) reports the lease lost and its token is
+///   cancelled, as after a revocation. Another holder may acquire in
+///   between; the fencing token tells them apart.
+/// - **A leader is paused or cut off and resumes** believing it still
+///   leads: see [Renewal](#renewal-and-a-deposed-leader); such a renewal
+///   fails and is retried (through the client's other endpoints).
 ///
 /// # Building
 ///
@@ -352,16 +400,52 @@ impl Etcd {
         Ok(response.take_kvs().into_iter().next())
     }
 
-    /// One keep-alive of the etcd lease `id`: `Ok(false)` if etcd reports it
-    /// gone (expired or revoked).
-    async fn keep_alive(&self, id: i64) -> Result<bool, Error> {
+    /// One renewal of the acquisition `lease`, whose etcd lease is `id`: a
+    /// keep-alive of `id`, then a second keep-alive on the same stream sent
+    /// together with a linearizable read of the key, judged by [`verdict`].
+    async fn renew_once(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Result<bool, Error> {
         let mut client = self.client.clone();
-        match client.lease_keep_alive(id).await {
-            Ok((_keeper, _stream)) => Ok(true),
+        // etcd-client sends the first keep-alive, checks its TTL and drops
+        // the rest of the answer (its header): the second keep-alive, on the
+        // same stream (so to the same member), is the one whose answer is
+        // judged.
+        let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
+            Ok(opened) => opened,
             // etcd-client's answer to a keep-alive whose reply has TTL 0.
-            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => Ok(false),
-            Err(e) => Err(e.into()),
-        }
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let keep_alive = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        // Polled second by `try_join!`: sent no earlier than the keep-alive.
+        // `GetOptions` default: a linearizable read (not serializable).
+        let mut reader = self.client.clone();
+        let read = reader.get(self.key(lease.name), None);
+        let (answer, mut read) = tokio::try_join!(keep_alive, read)?;
+        let Some(answer) = answer else {
+            return Err(Error::Protocol(
+                "etcd closed the keep-alive stream without an answer".to_owned(),
+            ));
+        };
+        let key = read.take_kvs().into_iter().next();
+        verdict(
+            Renewal {
+                ttl: answer.ttl(),
+                keep_alive_term: answer.header().map(|h| h.raft_term()),
+                read_term: read.header().map(|h| h.raft_term()),
+                key: key.as_ref().map(|kv| KeySeen {
+                    create_revision: kv.create_revision(),
+                    lease: kv.lease(),
+                    holder_matches: kv.value() == lease.holder.as_bytes(),
+                }),
+            },
+            fence,
+            id,
+        )
     }
 
     async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
@@ -445,6 +529,67 @@ fn fence_of(kv: &KeyValue) -> Option<u64> {
     u64::try_from(kv.create_revision()).ok().filter(|&f| f > 0)
 }
 
+/// What a renewal saw: the answer to its keep-alive and to its read of the key.
+#[derive(Debug, Clone, Copy)]
+struct Renewal {
+    /// The TTL the keep-alive answered (0 or less: the etcd lease is gone).
+    ttl: i64,
+    /// The raft term in the keep-alive answer's header.
+    keep_alive_term: Option<u64>,
+    /// The raft term in the linearizable read's header.
+    read_term: Option<u64>,
+    /// The key, if the read found it.
+    key: Option<KeySeen>,
+}
+
+/// The key as the renewal's read found it.
+#[derive(Debug, Clone, Copy)]
+struct KeySeen {
+    create_revision: i64,
+    /// The etcd lease the key is attached to.
+    lease: i64,
+    /// Whether its value is the acquisition's holder.
+    holder_matches: bool,
+}
+
+/// Whether a renewal of the acquisition with fencing token `fence` and etcd
+/// lease `id` succeeded: `Ok(true)` renewed, `Ok(false)` lost, an error when
+/// the answers cannot be trusted (the engine retries until its local
+/// deadline, which this renewal does not extend).
+///
+/// - The keep-alive reports the etcd lease gone (TTL 0): lost.
+/// - The linearizable read does not find the key with this acquisition's
+///   `create_revision`, holder and etcd lease (expired, released, deleted by
+///   hand, moved to another etcd lease): lost — that read is the cluster's
+///   state after the renewal was sent.
+/// - The two answers come from different raft terms: an error. The
+///   keep-alive may have been answered by a deposed leader that had not
+///   heard of the new term (etcd before 3.4.28 / 3.5.11 lets it, see the
+///   module docs), whose extension the new leader never sees.
+fn verdict(seen: Renewal, fence: u64, id: i64) -> Result<bool, Error> {
+    if seen.ttl <= 0 {
+        return Ok(false);
+    }
+    let ours = seen.key.is_some_and(|k| {
+        u64::try_from(k.create_revision).ok() == Some(fence) && k.lease == id && k.holder_matches
+    });
+    if !ours {
+        return Ok(false);
+    }
+    match (seen.keep_alive_term, seen.read_term) {
+        (Some(kept), Some(read)) if kept == read => Ok(true),
+        (Some(kept), Some(read)) => Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(
+            format!(
+                "the keep-alive was answered in raft term {kept} and the read of the key in \
+                 term {read}: a leader change may have lost the renewal"
+            ),
+        ))),
+        _ => Err(Error::Protocol(
+            "etcd answered a renewal without a response header".to_owned(),
+        )),
+    }
+}
+
 fn positive(revision: i64) -> Result<u64, Error> {
     u64::try_from(revision)
         .ok()
@@ -462,10 +607,10 @@ impl Backend for Etcd {
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         validate::call(lease.name, lease.holder, ttl)?;
         self.bounded("renew", async {
-            let Some(id) = self.lease_of(lease).await? else {
+            let (Some(fence), Some(id)) = (lease.fencing_token, self.lease_of(lease).await?) else {
                 return Ok(false);
             };
-            let alive = self.keep_alive(id).await?;
+            let alive = self.renew_once(lease, fence, id).await?;
             if !alive {
                 self.forget(lease);
             }
@@ -595,6 +740,58 @@ impl Backend for Etcd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn seen(keep_alive_term: u64, read_term: u64) -> Renewal {
+        Renewal {
+            ttl: 5,
+            keep_alive_term: Some(keep_alive_term),
+            read_term: Some(read_term),
+            key: Some(KeySeen {
+                create_revision: 40,
+                lease: 7,
+                holder_matches: true,
+            }),
+        }
+    }
+
+    #[test]
+    fn a_renewal_is_trusted_only_within_one_raft_term() {
+        assert!(verdict(seen(3, 3), 40, 7).unwrap());
+        // A keep-alive answered in an older term than the read (a deposed
+        // leader's answer): an error, retried, neither renewed nor lost.
+        assert!(matches!(verdict(seen(3, 4), 40, 7), Err(Error::Etcd(_))));
+        assert!(matches!(verdict(seen(4, 3), 40, 7), Err(Error::Etcd(_))));
+        let headless = Renewal {
+            read_term: None,
+            ..seen(3, 3)
+        };
+        assert!(matches!(verdict(headless, 40, 7), Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn a_renewal_that_does_not_find_its_key_is_lost() {
+        // Even across a term change: the linearizable read is the truth.
+        let gone = Renewal {
+            key: None,
+            ..seen(3, 4)
+        };
+        assert!(!verdict(gone, 40, 7).unwrap());
+        assert!(!verdict(seen(3, 3), 41, 7).unwrap(), "another acquisition");
+        assert!(!verdict(seen(3, 3), 40, 8).unwrap(), "another etcd lease");
+        let other_holder = Renewal {
+            key: Some(KeySeen {
+                holder_matches: false,
+                ..seen(3, 3).key.unwrap()
+            }),
+            ..seen(3, 3)
+        };
+        assert!(!verdict(other_holder, 40, 7).unwrap());
+        let expired = Renewal {
+            ttl: 0,
+            ..seen(3, 3)
+        };
+        assert!(!verdict(expired, 40, 7).unwrap());
+    }
 
     #[test]
     fn ttls_round_up_to_whole_seconds() {

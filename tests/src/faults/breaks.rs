@@ -49,6 +49,7 @@ pub(crate) enum Raw {
     Redis(deadpool_redis::Pool, Redis),
     /// No raw release (the Redis Cluster, where `late-release` does not run).
     None,
+    Etcd(Box<lease::backend::Etcd>),
 }
 
 /// What a contender believes about its lease under `deadline-1.2`: valid
@@ -186,6 +187,19 @@ return 0
             return Err(Error::Protocol(
                 "release-ignores-fence: no raw release on this backend".to_owned(),
             ));
+        }
+        Raw::Etcd(etcd) => {
+            use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+            // Delete the key if it holds the holder, whichever acquisition.
+            let key = etcd.key(lease.name);
+            let txn = Txn::new()
+                .when([Compare::value(key.clone(), CompareOp::Equal, lease.holder)])
+                .and_then([TxnOp::delete(key, None)]);
+            etcd.client()
+                .clone()
+                .txn(txn)
+                .await
+                .map_err(|e| Error::Backend(Box::new(e)))?;
         }
     }
     Ok(())

@@ -54,6 +54,7 @@ use crate::servers::{PrivateServer, RedisPersistence, signal};
 
 pub mod breaks;
 mod checker;
+pub mod etcd;
 mod report;
 mod timeline;
 pub mod worker;
@@ -96,16 +97,19 @@ pub enum BackendKind {
     /// `Redis::cluster` on a private Redis Cluster: 3 masters, each with
     /// one replica ([`RedisCluster::with_replicas`]).
     RedisCluster,
+    /// `Etcd` on a private 3-member etcd cluster ([`etcd::Cluster`]).
+    Etcd,
 }
 
 impl BackendKind {
     /// Every backend, in report order.
-    pub const ALL: [BackendKind; 5] = [
+    pub const ALL: [BackendKind; 6] = [
         BackendKind::PgTable,
         BackendKind::MySqlTable,
         BackendKind::PgAdvisory,
         BackendKind::Redis,
         BackendKind::RedisCluster,
+        BackendKind::Etcd,
     ];
 
     /// The name used on command lines and in reports.
@@ -116,6 +120,7 @@ impl BackendKind {
             BackendKind::PgAdvisory => "pg-advisory",
             BackendKind::Redis => "redis",
             BackendKind::RedisCluster => "redis-cluster",
+            BackendKind::Etcd => "etcd",
         }
     }
 
@@ -127,6 +132,7 @@ impl BackendKind {
             BackendKind::PgAdvisory => "PgAdvisory",
             BackendKind::Redis => "Redis",
             BackendKind::RedisCluster => "Redis (Cluster)",
+            BackendKind::Etcd => "Etcd (3 members)",
         }
     }
 
@@ -151,9 +157,13 @@ impl BackendKind {
                 Fault::Steal | Fault::LateRelease => self.fenced(),
                 // The backend that promises to replace a silent connection;
                 // see `docs/RELIABILITY.md` for the others.
-                Fault::BlackHoleConn => self == BackendKind::Redis,
+                Fault::BlackHoleConn => matches!(self, BackendKind::Redis | BackendKind::Etcd),
                 Fault::RestartNoPersistence => self == BackendKind::Redis,
                 Fault::MasterKill => false,
+                // The faults of an etcd cluster's members.
+                Fault::LeaderKill | Fault::LeaderPause | Fault::Partition => {
+                    self == BackendKind::Etcd
+                }
                 _ => true,
             })
             .collect()
@@ -217,6 +227,17 @@ pub enum Fault {
     /// and rejoins as a replica. Replication is asynchronous: the promoted
     /// replica may lack the lock or the fence counter's last increment.
     MasterKill,
+    /// etcd: the member that leads the cluster is `SIGKILL`ed (found by
+    /// asking every member, [`etcd::Cluster::leader`]), stays down for 2 ttl,
+    /// and is started again on its data.
+    LeaderKill,
+    /// etcd: the leader member is `SIGSTOP`ped for 3 election timeouts
+    /// ([`etcd::ELECTION_TIMEOUT`]), then `SIGCONT`.
+    LeaderPause,
+    /// etcd: one member is cut off from the two others in both directions
+    /// ([`etcd::Cluster::partition`]) for 3 election timeouts, then healed;
+    /// in turn the leader and a follower. Clients still reach it.
+    Partition,
 }
 
 impl Fault {
@@ -225,7 +246,7 @@ impl Fault {
     pub const ELECTION: [Fault; 4] = [Fault::Kill, Fault::Stop, Fault::ConnKill, Fault::BlackHole];
 
     /// Every fault, in report order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 15] = [
         Fault::Kill,
         Fault::Stop,
         Fault::ConnKill,
@@ -238,6 +259,9 @@ impl Fault {
         Fault::Restart,
         Fault::RestartNoPersistence,
         Fault::MasterKill,
+        Fault::LeaderKill,
+        Fault::LeaderPause,
+        Fault::Partition,
     ];
 
     /// The name used on command lines and in reports.
@@ -255,6 +279,9 @@ impl Fault {
             Fault::Restart => "restart",
             Fault::RestartNoPersistence => "restart-no-persistence",
             Fault::MasterKill => "master-kill",
+            Fault::LeaderKill => "leader-kill",
+            Fault::LeaderPause => "leader-pause",
+            Fault::Partition => "partition",
         }
     }
 
@@ -274,6 +301,7 @@ impl Fault {
                 "failover after the node timeout",
                 "replica takes over at once",
             ],
+            Fault::Partition => &["the leader", "a follower"],
             _ => &[""],
         }
     }
@@ -419,8 +447,24 @@ impl Config {
         match backend {
             // The lock ends with the session: one heartbeat at most.
             BackendKind::PgAdvisory => self.ttl / 3 + self.slack,
+            BackendKind::Etcd => self.etcd_takeover_bound(),
             _ => self.ttl + self.ttl / 3 + self.slack,
         }
+    }
+
+    /// Timing bound: takeover after the holder was killed, on etcd. The
+    /// etcd lease's TTL is the ttl rounded up to whole seconds (at least
+    /// etcd's minimum, 1.5 election timeouts rounded up: 1 s here,
+    /// [`lease::backend::Etcd::lease_ttl_secs`]), counted by the leader from
+    /// the last keep-alive; the leader finds expired leases only when its
+    /// check comes round ([`etcd::EXPIRY_CHECK`], 500 ms) and then revokes
+    /// them through raft. So on top of the other backends' bound
+    /// (`ttl + ttl/3`), the rounding and one expiry check.
+    pub fn etcd_takeover_bound(&self) -> Duration {
+        let etcd_ttl = Duration::from_secs(
+            u64::try_from(lease::backend::Etcd::lease_ttl_secs(self.ttl)).unwrap_or(u64::MAX),
+        );
+        etcd_ttl.max(self.ttl) + self.ttl / 3 + etcd::EXPIRY_CHECK + self.slack
     }
 
     /// Timing bound: a revoked holder's token is cancelled (its next renewal).
@@ -445,6 +489,28 @@ impl Config {
     pub fn reconnect_bound(&self) -> Duration {
         let margin = self.ttl / 100 + Duration::from_millis(2);
         Duration::from_millis(500).min(self.ttl - margin) + Duration::from_millis(60) + self.slack
+    }
+
+    /// [`reconnect_bound`](Config::reconnect_bound), or on etcd
+    /// [`etcd_reconnect_bound`](Config::etcd_reconnect_bound).
+    pub fn reconnect_bound_of(&self, backend: BackendKind) -> Duration {
+        match backend {
+            BackendKind::Etcd => self.etcd_reconnect_bound(),
+            _ => self.reconnect_bound(),
+        }
+    }
+
+    /// Timing bound (`black-hole-conn`) on etcd. The client's gRPC channel
+    /// keeps sending on a connection until HTTP/2 keep-alive retires it:
+    /// a PING every 5 s, 2 s to answer ([`etcd::CLIENT_KEEP_ALIVE`], as
+    /// `Etcd::connect` sets them), so a connection that went silent is
+    /// closed at most 7 s after the silence began, and the channel connects
+    /// again; until then the holder's calls time out. Counted from the end
+    /// of the victim's section (2 ttl after the silence began, so this is
+    /// generous by that much), plus its pause of up to 60 ms and the slack.
+    pub fn etcd_reconnect_bound(&self) -> Duration {
+        let (interval, answer) = etcd::CLIENT_KEEP_ALIVE;
+        interval + answer + Duration::from_millis(60) + self.slack
     }
 }
 
@@ -672,14 +738,7 @@ struct Servers {
     redis: Option<PrivateServer>,
     redis_volatile: Option<PrivateServer>,
     redis_cluster: Option<RedisCluster>,
-}
-
-/// Where a scenario's contenders connect.
-enum Target<'a> {
-    /// One private server.
-    Server(&'a mut PrivateServer),
-    /// A private Redis Cluster.
-    Cluster(&'a mut RedisCluster),
+    etcd: Option<etcd::Cluster>,
 }
 
 async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Report, RunError> {
@@ -738,6 +797,9 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
                 .map_err(unavailable)?;
         servers.redis_cluster = Some(cluster);
     }
+    if wants(BackendKind::Etcd) {
+        servers.etcd = Some(etcd::Cluster::start(3).await.map_err(unavailable)?);
+    }
     let mut environment = Environment::probe().await;
     for server in [&servers.pg, &servers.mariadb, &servers.redis]
         .into_iter()
@@ -757,11 +819,34 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
              {CLUSTER_NODE_TIMEOUT_MS} ms, no persistence)"
         ));
     }
+    if let Some(cluster) = &servers.etcd {
+        environment
+            .servers
+            .push(format!("{} (3 members)", cluster.version()));
+    }
 
     let mut results = Vec::new();
     for (backend, fault, election) in config.scenarios() {
+        if backend == BackendKind::Etcd {
+            let cluster = servers
+                .etcd
+                .as_mut()
+                .ok_or_else(|| RunError::Failed("BUG: no etcd cluster".to_owned()))?;
+            // One cluster for the run: every fault leaves it healthy again.
+            cluster
+                .ensure_healthy()
+                .await
+                .map_err(|e| RunError::Failed(format!("etcd before {}: {e}", fault.as_str())))?;
+            let began = Instant::now();
+            let target = Target::Etcd(cluster);
+            let result =
+                run_scenario(config, backend, fault, election, target, checker, prefix).await?;
+            progress(config, &result, began);
+            results.push(result);
+            continue;
+        }
         {
-            let server = match (backend, fault) {
+            let target = match (backend, fault) {
                 (BackendKind::PgTable | BackendKind::PgAdvisory, _) => {
                     servers.pg.as_mut().map(Target::Server)
                 }
@@ -773,40 +858,13 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
                 (BackendKind::RedisCluster, _) => {
                     servers.redis_cluster.as_mut().map(Target::Cluster)
                 }
+                (BackendKind::Etcd, _) => None,
             }
             .ok_or_else(|| RunError::Failed("BUG: no server for a backend".to_owned()))?;
             let began = Instant::now();
-            let mut scenario =
-                Scenario::new(config, backend, fault, election, server, checker, prefix).await?;
-            let outcome = scenario.run().await;
-            scenario.shutdown().await;
-            let result = match outcome {
-                Ok(events) => scenario.analyse(&events).await?,
-                Err(e) => {
-                    return Err(RunError::Failed(format!(
-                        "{}/{}: {e}",
-                        backend.as_str(),
-                        result_label(fault, election)
-                    )));
-                }
-            };
-            if config.progress {
-                println!(
-                    "fault-suite: {:<12} {:<23} {:>5.1}s  hits {} sections {} overlaps {} stale {}{}",
-                    backend.as_str(),
-                    result_label(fault, election),
-                    began.elapsed().as_secs_f64(),
-                    result.hits,
-                    result.sections,
-                    result.overlaps,
-                    result.stale_accepted,
-                    if result.failures.is_empty() {
-                        String::new()
-                    } else {
-                        format!("  FAILED: {}", result.failures.join("; "))
-                    }
-                );
-            }
+            let result =
+                run_scenario(config, backend, fault, election, target, checker, prefix).await?;
+            progress(config, &result, began);
             results.push(result);
         }
     }
@@ -817,6 +875,62 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
         checker: String::new(),
         elapsed: Duration::ZERO,
     })
+}
+
+/// Run one scenario on `target` and analyse it.
+async fn run_scenario(
+    config: &Config,
+    backend: BackendKind,
+    fault: Fault,
+    election: bool,
+    target: Target<'_>,
+    checker: &Checker,
+    prefix: &str,
+) -> Result<ScenarioResult, RunError> {
+    let mut scenario =
+        Scenario::new(config, backend, fault, election, target, checker, prefix).await?;
+    let outcome = scenario.run().await;
+    scenario.shutdown().await;
+    match outcome {
+        Ok(events) => scenario.analyse(&events).await,
+        Err(e) => Err(RunError::Failed(format!(
+            "{}/{}: {e}",
+            backend.as_str(),
+            result_label(fault, election)
+        ))),
+    }
+}
+
+/// The progress line of a scenario (if [`Config::progress`]).
+fn progress(config: &Config, result: &ScenarioResult, began: Instant) {
+    if config.progress {
+        println!(
+            "fault-suite: {:<12} {:<23} {:>5.1}s  hits {} sections {} overlaps {} stale {}{}",
+            result.backend.as_str(),
+            result_label(result.fault, result.election),
+            began.elapsed().as_secs_f64(),
+            result.hits,
+            result.sections,
+            result.overlaps,
+            result.stale_accepted,
+            if result.failures.is_empty() {
+                String::new()
+            } else {
+                format!("  FAILED: {}", result.failures.join("; "))
+            }
+        );
+    }
+}
+
+/// What a scenario faults: one private server, a Redis Cluster, or the
+/// etcd cluster.
+enum Target<'a> {
+    /// One private server.
+    Server(&'a mut PrivateServer),
+    /// A private Redis Cluster (the contenders connect to its nodes).
+    Cluster(&'a mut RedisCluster),
+    /// The run's etcd cluster.
+    Etcd(&'a mut etcd::Cluster),
 }
 
 /// `fault`, and `(election)` for an election scenario.
@@ -870,6 +984,22 @@ impl Worker {
     }
 }
 
+/// [`executes`] for the lease `name`: on etcd, a chunk that carries a
+/// request naming the lease's key (`lease/{name}`) — a transaction:
+/// acquire, release, read. The HTTP/2 frames of gRPC compress their
+/// headers, so the method is not in the bytes; the keep-alives and
+/// revocations name only an etcd lease id, and the contenders' HTTP/2
+/// pings nothing.
+fn executes_on(backend: BackendKind, name: &str, bytes: &[u8]) -> bool {
+    if backend == BackendKind::Etcd {
+        let key = format!("lease/{name}");
+        return bytes
+            .windows(key.len())
+            .any(|window| window == key.as_bytes());
+    }
+    executes(backend, bytes)
+}
+
 /// Does this chunk a client sent make the server run a statement (or
 /// script)? What `late-release` stalls: not the pings that pools send on
 /// their own (a PostgreSQL `Sync`, a MySQL `COM_PING`, deadpool-redis'
@@ -918,6 +1048,8 @@ fn executes(backend: BackendKind, bytes: &[u8]) -> bool {
         }
         // No proxy between the contenders and the cluster.
         BackendKind::RedisCluster => false,
+        // Needs the lease's name: see `executes_on`.
+        BackendKind::Etcd => false,
     }
 }
 
@@ -927,7 +1059,7 @@ struct Scenario<'a> {
     fault: Fault,
     /// The contenders run `Lease::elect`.
     election: bool,
-    server: Target<'a>,
+    target: Target<'a>,
     checker: &'a Checker,
     prefix: &'a str,
     key: String,
@@ -950,7 +1082,7 @@ impl<'a> Scenario<'a> {
         backend: BackendKind,
         fault: Fault,
         election: bool,
-        server: Target<'a>,
+        target: Target<'a>,
         checker: &'a Checker,
         prefix: &'a str,
     ) -> Result<Scenario<'a>, RunError> {
@@ -963,16 +1095,21 @@ impl<'a> Scenario<'a> {
             .add_resource(&key)
             .await
             .map_err(|e| RunError::Failed(format!("checker: {e}")))?;
-        let upstream = match &server {
-            Target::Server(server) => server.addr(),
-            // Unused: the contenders connect to the nodes themselves.
-            Target::Cluster(cluster) => {
-                std::net::SocketAddr::from(([127, 0, 0, 1], cluster.ports()[0]))
-            }
-        };
         let mut proxies = Vec::new();
         for _ in 0..config.workers {
-            let proxy = FaultProxy::start(upstream).await;
+            // A contender's link: to the server, or to every member.
+            let proxy = match &target {
+                Target::Server(server) => FaultProxy::start(server.addr()).await,
+                // Unused: the contenders connect to the nodes themselves.
+                Target::Cluster(cluster) => {
+                    FaultProxy::start(std::net::SocketAddr::from((
+                        [127, 0, 0, 1],
+                        cluster.ports()[0],
+                    )))
+                    .await
+                }
+                Target::Etcd(cluster) => FaultProxy::start_many(&cluster.client_addrs()).await,
+            };
             // When each answer left the server: where a grant's validity starts.
             proxy.record_replies();
             proxies.push(proxy);
@@ -982,7 +1119,7 @@ impl<'a> Scenario<'a> {
             backend,
             fault,
             election,
-            server,
+            target,
             checker,
             prefix,
             key,
@@ -1001,6 +1138,26 @@ impl<'a> Scenario<'a> {
         Ok(scenario)
     }
 
+    /// The private server (every backend but etcd).
+    fn server(&self) -> Result<&PrivateServer, String> {
+        match &self.target {
+            Target::Server(server) => Ok(server),
+            Target::Cluster(_) | Target::Etcd(_) => {
+                Err("this fault needs a single server".to_owned())
+            }
+        }
+    }
+
+    /// The etcd cluster.
+    fn cluster(&mut self) -> Result<&mut etcd::Cluster, String> {
+        match &mut self.target {
+            Target::Etcd(cluster) => Ok(cluster),
+            Target::Server(_) | Target::Cluster(_) => {
+                Err("BUG: no etcd cluster for this backend".to_owned())
+            }
+        }
+    }
+
     fn spawn(&mut self, slot: usize) -> Result<Worker, String> {
         self.generation += 1;
         let holder = format!(
@@ -1012,9 +1169,16 @@ impl<'a> Scenario<'a> {
         self.slots.insert(holder.clone(), slot);
         self.started.insert(holder.clone(), monotonic_us());
         let port = self.proxies[slot].addr().port();
-        let url = match (self.backend, &self.server) {
+        let url = match (self.backend, &self.target) {
             (_, Target::Cluster(cluster)) => cluster.nodes().join(","),
             (BackendKind::MySqlTable, _) => format!("mysql://w{slot}@127.0.0.1:{port}/test"),
+            // Every member, through the contender's proxy.
+            (_, Target::Etcd(_)) => self.proxies[slot]
+                .addrs()
+                .iter()
+                .map(|a| format!("http://{a}"))
+                .collect::<Vec<_>>()
+                .join(","),
             (_, Target::Server(server)) => server.url_at(port),
         };
         let ttl = self.config.ttl;
@@ -1341,6 +1505,9 @@ impl<'a> Scenario<'a> {
             }
             Fault::LateRelease => return self.late_releases().await,
             Fault::MasterKill => return self.master_kill(event).await.map(|e| vec![e]),
+            Fault::LeaderKill | Fault::LeaderPause | Fault::Partition => {
+                self.member_fault(&mut event).await?;
+            }
             Fault::Restart | Fault::RestartNoPersistence => {
                 let slot = self.victim(ttl * 4).await?;
                 event.victim = Some(self.workers[slot].holder.clone());
@@ -1350,13 +1517,64 @@ impl<'a> Scenario<'a> {
                 } else {
                     Duration::ZERO
                 };
-                let down = self.server_mut()?.restart_after(down).await?;
+                let down = match &mut self.target {
+                    Target::Server(server) => server.restart_after(down).await?,
+                    // Every member crashes (SIGKILL) and restarts.
+                    Target::Etcd(cluster) => cluster.crash_all(down).await?,
+                    Target::Cluster(_) => {
+                        return Err("BUG: restart is not run on the Redis Cluster".to_owned());
+                    }
+                };
                 event.downtime = Some(down);
                 event.t_lifted = Some(monotonic_us());
                 tokio::time::sleep(ttl * 2).await;
             }
         }
         Ok(vec![event])
+    }
+
+    /// The faults of an etcd member ([`Fault::LeaderKill`],
+    /// [`Fault::LeaderPause`], [`Fault::Partition`]), while a contender
+    /// holds (and keeps holding through the fault); the cluster is healthy
+    /// again (every member up and in touch) when this returns.
+    async fn member_fault(&mut self, event: &mut Event) -> Result<(), String> {
+        let ttl = self.config.ttl;
+        let fault = self.fault;
+        let slot = self.victim(ttl * 6).await?;
+        event.victim = Some(self.workers[slot].holder.clone());
+        let cluster = self.cluster()?;
+        let leader = cluster.wait_leader(Duration::from_secs(10)).await?;
+        // Longer than an election timeout: the others elect a new leader.
+        let cut = etcd::ELECTION_TIMEOUT * 3;
+        event.t = monotonic_us();
+        match fault {
+            Fault::LeaderKill => {
+                cluster.kill(leader);
+                tokio::time::sleep(ttl * 2).await;
+                cluster.restart(leader).await?;
+            }
+            Fault::LeaderPause => {
+                cluster.pause(leader);
+                tokio::time::sleep(cut).await;
+                cluster.resume(leader);
+            }
+            _ => {
+                let member = if event.variant == 0 {
+                    leader
+                } else {
+                    (leader + 1) % cluster.len()
+                };
+                cluster.partition(member);
+                tokio::time::sleep(cut).await;
+                cluster.heal();
+            }
+        }
+        event.t_lifted = Some(monotonic_us());
+        event.count = 1;
+        let cluster = self.cluster()?;
+        cluster.ensure_healthy().await?;
+        tokio::time::sleep(ttl).await;
+        Ok(())
     }
 
     /// `stop`: SIGSTOP the holder, SIGCONT it after the variant's pause.
@@ -1466,7 +1684,8 @@ impl<'a> Scenario<'a> {
         }
         event.t = monotonic_us();
         let backend = self.backend;
-        self.proxies[slot].stall_requests(move |chunk| executes(backend, chunk));
+        let name = self.name.clone();
+        self.proxies[slot].stall_requests(move |chunk| executes_on(backend, &name, chunk));
         self.workers[slot].send("go").await;
         // The release gives up (or, on Redis, is retried on a new
         // connection); the engine keeps the name for a ttl after an
@@ -1494,7 +1713,7 @@ impl<'a> Scenario<'a> {
         let release = self.workers[slot].seen().last_release;
         let landed = |r: &StalledRequest| {
             release.is_some_and(|(sent, done, _)| sent <= r.first_at_us && r.first_at_us <= done)
-                && executes(self.backend, &r.bytes)
+                && executes_on(self.backend, &self.name, &r.bytes)
         };
         event.count = held.iter().filter(|r| landed(r)).count();
         if event.missed.is_none() {
@@ -1534,8 +1753,9 @@ impl<'a> Scenario<'a> {
         let acquisitions = self.workers[slot].seen().acquisitions;
         let ended = Instant::now();
         self.workers[slot].send("end").await;
+        let wait = (ttl * 4).max(self.config.reconnect_bound_of(self.backend) + ttl);
         let acquired = self
-            .wait_for(slot, ttl * 4, |s| s.acquisitions > acquisitions)
+            .wait_for(slot, wait, |s| s.acquisitions > acquisitions)
             .await;
         event.reacquired_after = Some(acquired.then(|| ended.elapsed()));
         event.t_lifted = Some(monotonic_us());
@@ -1554,6 +1774,11 @@ impl<'a> Scenario<'a> {
             (holder.to_owned(), format!("w{slot}"))
         };
         let killed = match self.backend {
+            // etcd has no call to end a client's connections: the
+            // contender's connections (to every member) are reset in its
+            // proxy instead, a TCP RST to both ends.
+            BackendKind::Etcd if breaks::on("kill-nothing") => 0,
+            BackendKind::Etcd => self.proxies[slot].reset(),
             BackendKind::PgTable | BackendKind::PgAdvisory => {
                 let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
@@ -1622,20 +1847,6 @@ impl<'a> Scenario<'a> {
     }
 
     /// The private server of the scenario (not a cluster).
-    fn server(&self) -> Result<&PrivateServer, String> {
-        match &self.server {
-            Target::Server(server) => Ok(server),
-            Target::Cluster(_) => Err("this fault needs a single server".to_owned()),
-        }
-    }
-
-    fn server_mut(&mut self) -> Result<&mut PrivateServer, String> {
-        match &mut self.server {
-            Target::Server(server) => Ok(server),
-            Target::Cluster(_) => Err("this fault needs a single server".to_owned()),
-        }
-    }
-
     /// `master-kill`: `SIGKILL` of the master of the lease's hash slot
     /// while the victim holds the lease; what its replica had of the lock
     /// and the fence counter at that moment (read from the replica at
@@ -1654,7 +1865,7 @@ impl<'a> Scenario<'a> {
                 .map_err(|e| e.to_string())?;
             Redis::new(pool).lock_key(&self.name)
         };
-        let Target::Cluster(cluster) = &mut self.server else {
+        let Target::Cluster(cluster) = &mut self.target else {
             return Err("master-kill needs a Redis Cluster".to_owned());
         };
         use tokio::task::block_in_place as block;
@@ -1770,6 +1981,31 @@ impl<'a> Scenario<'a> {
             }
             BackendKind::PgAdvisory => return Err("no steal for advisory locks".to_owned()),
             BackendKind::RedisCluster => return Err("no steal on the Redis Cluster".to_owned()),
+            // Revoke the key's etcd lease (etcd deletes the key with it):
+            // deleting only the key would leave the holder's keep-alives
+            // succeeding — see the `Etcd` docs, "Faults".
+            BackendKind::Etcd => {
+                let endpoints = match &self.target {
+                    Target::Etcd(cluster) => cluster.endpoints(),
+                    Target::Server(_) | Target::Cluster(_) => {
+                        return Err("BUG: etcd without a cluster".to_owned());
+                    }
+                };
+                let etcd = lease::backend::Etcd::connect(endpoints)
+                    .await
+                    .map_err(|e| err(&e))?;
+                let mut client = etcd.client().clone();
+                let kvs = client
+                    .get(etcd.key(&self.name), None)
+                    .await
+                    .map_err(|e| err(&e))?
+                    .take_kvs();
+                let mut revoked = 0;
+                for kv in kvs.iter().filter(|kv| kv.lease() != 0) {
+                    revoked += u64::from(client.lease_revoke(kv.lease()).await.is_ok());
+                }
+                revoked
+            }
         };
         Ok(usize::try_from(stolen).unwrap_or(usize::MAX))
     }
@@ -2352,10 +2588,10 @@ fn black_hole_conn(
     let again = e.reacquired_after.flatten();
     r.reacquires.push(again);
     match again {
-        Some(t) if t <= config.reconnect_bound() => {}
+        Some(t) if t <= config.reconnect_bound_of(backend) => {}
         other => r.failures.push(format!(
             "black-hole-conn: the holder acquired again after {other:?}, bound {:?}",
-            config.reconnect_bound()
+            config.reconnect_bound_of(backend)
         )),
     }
 }

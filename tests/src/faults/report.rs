@@ -329,6 +329,12 @@ impl Report {
         match r.fault {
             Fault::Kill => "—".to_owned(),
             Fault::Stop => self.woken(r),
+            Fault::ConnKill if r.backend == BackendKind::Etcd => format!(
+                "{} connection(s) reset in the proxy (etcd cannot kill a client's); \
+                 lease kept {kept}/{}",
+                r.connections,
+                r.cancels.len()
+            ),
             Fault::ConnKill => format!(
                 "{} connection(s) killed; lease kept {kept}/{}",
                 r.connections,
@@ -339,6 +345,9 @@ impl Report {
                 r.connections,
                 r.cancels.len()
             ),
+            Fault::Steal if r.backend == BackendKind::Etcd => {
+                format!("{} etcd lease(s) revoked", r.connections)
+            }
             Fault::Steal => format!("{} live lease(s) ended on the server", r.connections),
             Fault::Latency | Fault::Restart | Fault::RestartNoPersistence => per_variant(),
             Fault::BlackHole => "—".to_owned(),
@@ -352,7 +361,7 @@ impl Report {
                     again.len(),
                     r.reacquires.len(),
                     max(again).map_or_else(|| "—".to_owned(), ms),
-                    ms(c.reconnect_bound())
+                    ms(c.reconnect_bound_of(r.backend))
                 )
             }
             Fault::MasterKill => {
@@ -382,7 +391,17 @@ impl Report {
                 r.hits + r.misses,
                 r.late_releases.1,
                 r.late_releases.0
-            ),
+            ), // etcd's members: the cluster goes on; each holder keeps its
+            // lease or loses it at its deadline.
+            Fault::LeaderKill | Fault::LeaderPause | Fault::Partition => {
+                let lost: u32 = r.variants.iter().map(|v| v.1).sum();
+                let landed: u32 = r.variants.iter().map(|v| v.0).sum();
+                if r.fault == Fault::Partition {
+                    per_variant()
+                } else {
+                    format!("lease lost {lost}/{landed}")
+                }
+            }
         }
     }
 

@@ -257,12 +257,18 @@ pub(super) fn build(
         Fault::Restart => format!("server crash{variant}"),
         Fault::RestartNoPersistence => format!("server crash, no persistence{variant}"),
         Fault::MasterKill => format!("SIGKILL of the master of the lease's slot{variant}"),
+        Fault::LeaderKill => "SIGKILL of the etcd leader member".to_owned(),
+        Fault::LeaderPause => "SIGSTOP of the etcd leader member".to_owned(),
+        Fault::Partition => format!("one etcd member partitioned{variant}"),
     };
     let lifted_what = match fault {
         Fault::Stop => "SIGCONT",
         Fault::LateRelease => "held-back release delivered",
         Fault::Restart | Fault::RestartNoPersistence => "server up again",
         Fault::MasterKill => "killed master back, as a replica",
+        Fault::LeaderKill => "member restarted",
+        Fault::LeaderPause => "SIGCONT",
+        Fault::Partition => "healed",
         _ => "fault lifted",
     };
     Some(Timeline {

@@ -282,6 +282,21 @@ async fn lease(args: &Args) -> Result<Contender, String> {
                 .map_err(|e| e.to_string())?;
             contender(backend, Raw::None, &args.holder)
         }
+        BackendKind::Etcd => {
+            // Every member, through this contender's proxy; `connect` only
+            // fails when no member answers (a restart of them all, say):
+            // retried for a while.
+            let endpoints: Vec<&str> = args.url.split(',').collect();
+            let limit = Instant::now() + Duration::from_secs(30);
+            let etcd = loop {
+                match lease::backend::Etcd::connect(&endpoints).await {
+                    Ok(etcd) => break etcd,
+                    Err(e) if Instant::now() > limit => return Err(e.to_string()),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            };
+            contender(etcd.clone(), Raw::Etcd(Box::new(etcd)), &args.holder)
+        }
     })
 }
 
