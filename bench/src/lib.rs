@@ -240,7 +240,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             // One connection per held lock: as many as the pool allows.
             (Target::PgAdvisory(..), true) => vec![(8, true)],
             (Target::PgAdvisory(..), false) => vec![(32, true)],
-            // No `renew_many` of its own: one keep-alive per lease, the
+            // No `renew_many` of its own: one renewal per lease, the
             // unbatched baseline is all there is.
             (Target::Etcd(_), true) => vec![(50, false)],
             (Target::Etcd(_), false) => vec![(1_000, false)],
@@ -451,7 +451,7 @@ fn report(
     let _ = writeln!(s, "### Round trips per operation (counted by the server)\n");
     let _ = writeln!(
         s,
-        "Steady state: rows exist, statements are prepared. PostgreSQL: `pg_stat_database.xact_commit` of a dedicated database; MariaDB: `USER_STATISTICS` of a dedicated user; Redis: `INFO commandstats` of a private server (every command but `INFO`); Redis Cluster: the same, summed over its 3 masters; etcd: `grpc_server_msg_received_total` (gRPC requests from clients, by method) of the `/metrics` of its 3 members, summed. The floor is the backend's own acquire + release statements sent directly, and must count exactly 2 (`Etcd`: 4 — a `LeaseGrant` and a `Txn` to acquire, a `Txn` and a `LeaseRevoke` to release — so its acquire and release must count 2 each, its `with_lease` 4). `renew_many` is one call over the given number of leases: one request (`RedisCluster`: one per hash slot among the leases; `Etcd`, which does not batch: one keep-alive per lease).\n"
+        "Steady state: rows exist, statements are prepared. PostgreSQL: `pg_stat_database.xact_commit` of a dedicated database; MariaDB: `USER_STATISTICS` of a dedicated user; Redis: `INFO commandstats` of a private server (every command but `INFO`); Redis Cluster: the same, summed over its 3 masters; etcd: `grpc_server_msg_received_total` (gRPC requests from clients, by method) of the `/metrics` of its 3 members, summed. The floor is the backend's own acquire + release statements sent directly, and must count exactly 2 (`Etcd`: 4 — a `LeaseGrant` and a `Txn` to acquire, a `Txn` and a `LeaseRevoke` to release — so its acquire and release must count 2 each, its `with_lease` 4). `renew_many` is one call over the given number of leases: one request (`RedisCluster`: one per hash slot among the leases; `Etcd`, which does not batch: one renewal per lease, 3 requests — two `LeaseKeepAlive` and a linearizable `Range`, see the `Etcd` docs).\n"
     );
     let _ = writeln!(
         s,
@@ -597,7 +597,7 @@ fn report(
     let _ = writeln!(s, "\n### Scale: one `Lease` holding many leases\n");
     let _ = writeln!(
         s,
-        "One `Lease` acquires the leases (64 at a time) and holds them; we watch one renewal window of ttl/3 (from ttl/3 − 0.5 s to 2·ttl/3 − 0.5 s after the first acquisition), which holds exactly one renewal of every lease. *Batched* is the backend's `renew_many`; *unbatched* is the baseline, one `renew` per lease (what `Backend::renew_many`'s default does for a backend that does not override it). Server requests: counted by the server (SQLite: none to ask). Calls: `renew`/`renew_many` calls the engine made, with the batches (time after the first acquisition: leases). CPU: this process, over the window. Memory: resident set growth while acquiring, per lease. `Etcd` does not override `renew_many` (one keep-alive per lease): only its unbatched row is measured. `RedisCluster` sends one script per hash slot among the leases (listed below the table), pipelined on its cluster connection.\n"
+        "One `Lease` acquires the leases (64 at a time) and holds them; we watch one renewal window of ttl/3 (from ttl/3 − 0.5 s to 2·ttl/3 − 0.5 s after the first acquisition), which holds exactly one renewal of every lease. *Batched* is the backend's `renew_many`; *unbatched* is the baseline, one `renew` per lease (what `Backend::renew_many`'s default does for a backend that does not override it). Server requests: counted by the server (SQLite: none to ask). Calls: `renew`/`renew_many` calls the engine made, with the batches (time after the first acquisition: leases). CPU: this process, over the window. Memory: resident set growth while acquiring, per lease. `Etcd` does not override `renew_many` (one renewal per lease): only its unbatched row is measured. `RedisCluster` sends one script per hash slot among the leases (listed below the table), pipelined on its cluster connection.\n"
     );
     let _ = writeln!(
         s,
