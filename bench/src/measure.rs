@@ -45,9 +45,7 @@ fn slots_of<'a>(t: &Target, names: impl Iterator<Item = &'a String>) -> Option<u
     let Target::RedisCluster(b, _) = t else {
         return None;
     };
-    let slots: std::collections::BTreeSet<u16> = names
-        .map(|n| crate::targets::hash_slot(&b.lock_key(n)))
-        .collect();
+    let slots: std::collections::BTreeSet<u16> = names.map(|n| b.hash_slot(n)).collect();
     Some(slots.len())
 }
 

@@ -79,29 +79,6 @@ impl redis::aio::ConnectionLike for RedisConn {
     }
 }
 
-/// The Redis Cluster hash slot of `key` (CRC16-XMODEM of the key, or of its
-/// `{hash tag}`, modulo 16384), as the cluster computes it.
-pub(crate) fn hash_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(bytes) {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
 const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at, fence) \
      SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1 \
      WHERE NOT EXISTS (SELECT 1 FROM task_leases \

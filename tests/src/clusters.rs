@@ -635,37 +635,17 @@ impl Drop for EtcdCluster {
 mod tests {
     use super::*;
 
-    /// Is `pid` a running process (not gone, not a zombie)?
-    fn running(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
-            !s.lines()
-                .any(|l| l.starts_with("State:") && l.contains('Z'))
-        })
-    }
+    use crate::servers::{process_group, running};
 
     /// The running processes of process group `pgid`, other than its leader.
     fn members(pgid: u32) -> Vec<u32> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|p| p.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // pid (comm) state ppid pgrp ...
-            let fields: Vec<&str> = stat[stat.rfind(')').unwrap_or(0) + 1..]
-                .split_whitespace()
-                .collect();
-            if pid != pgid && fields.get(2) == Some(&pgid.to_string().as_str()) && running(pid) {
-                out.push(pid);
-            }
-        }
-        out
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != pgid && process_group(pid) == Some(pgid) && running(pid))
+            .collect()
     }
 
     /// An owner process, a directory named after it, and a watched `sleep`

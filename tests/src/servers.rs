@@ -666,15 +666,24 @@ fn signal_group(pgid: u32, signal: &str) {
         .status();
 }
 
-/// Does `pid` lead its process group?
-fn leads_group(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-        stat[stat.rfind(')').map_or(0, |i| i + 1)..]
-            .split_whitespace()
-            .nth(2)
-            == Some(pid.to_string().as_str())
+/// Is `pid` a running process: neither gone nor a zombie (dead, not yet
+/// reaped)?
+pub(crate) fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        !s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
     })
+}
+
+/// The process group of `pid`, if it exists.
+pub(crate) fn process_group(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(2)?
+        .parse()
+        .ok()
 }
 
 /// The last lines of a log file.
@@ -760,13 +769,7 @@ pub(crate) fn kill_leftovers() {
     let tmp = std::env::temp_dir();
     let marker = tmp.join(DIR_PREFIX);
     let marker = marker.to_string_lossy().into_owned();
-    // A zombie (dead, not yet reaped) is not alive.
-    let owner_alive = |owner: &str| {
-        std::fs::read_to_string(Path::new("/proc").join(owner).join("status")).is_ok_and(|s| {
-            !s.lines()
-                .any(|l| l.starts_with("State:") && l.contains('Z'))
-        })
-    };
+    let owner_alive = |owner: &str| owner.parse().is_ok_and(running);
     let owner_of = |text: &str| -> Option<String> {
         let rest = &text[text.find(&marker)? + marker.len()..];
         let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -791,7 +794,7 @@ pub(crate) fn kill_leftovers() {
             // server, whose command line may not name the directory (Redis
             // renames itself): kill the whole group, or the server would
             // outlive its watchdog.
-            if leads_group(pid) {
+            if process_group(pid) == Some(pid) {
                 signal_group(pid, "KILL");
             }
             signal(pid, "KILL");

@@ -820,6 +820,13 @@ impl Redis {
         key
     }
 
+    /// The Redis Cluster hash slot of the lease `name`'s keys (its lock
+    /// and fence keys share one): where a cluster keeps it, and how
+    /// `renew_many` groups a batch.
+    pub fn hash_slot(&self, name: &str) -> u16 {
+        hash_slot(&self.lock_key(name))
+    }
+
     /// The Redis key of the fencing counter of `name`: the lock key followed
     /// by `:fence` (the [Go locker's protocol](Redis::with_go_locker_protocol)
     /// has none, and never uses it).
