@@ -16,8 +16,9 @@
 //!   deletes the key only if its `create_revision` and holder are the
 //!   acquisition's, then revokes the etcd lease.
 //! - Each backend value remembers the etcd lease of each acquisition it made
-//!   (by name, holder and fencing token), shared by its clones. Another value
-//!   (another process) finds it by reading the key once.
+//!   (by name, holder and fencing token) and its keep-alive stream, shared
+//!   by its clones. Another value (another
+//!   process) finds the etcd lease by reading the key at each renewal.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,8 +26,10 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
-    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
 };
+use futures_util::{StreamExt, TryStreamExt};
 
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
@@ -39,23 +42,29 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   whole seconds (etcd's unit; the cluster may raise it further to its
 ///   minimum, about 1.5 election timeouts), then one transaction: if the key
 ///   does not exist, put `holder` in it attached to that lease; otherwise
-///   read it. If the key already holds `holder` (an idempotent re-acquire),
-///   a second transaction moves the key to the new etcd lease (so that it
-///   lives for the ttl asked for now) keeping its `create_revision`, the
-///   fencing token, and the old etcd lease is revoked in the background.
-///   An etcd lease granted but not used is revoked in the background. Two
-///   round trips (three for a re-acquire).
-/// - **renew**: a `LeaseKeepAlive` of the acquisition's etcd lease, which
-///   restarts its TTL (the ttl it was granted: etcd cannot change a lease's
-///   TTL, so a renewal with another ttl keeps the first), checked by a
-///   linearizable `Range` of the key (see [Renewal](#renewal-and-a-deposed-leader)).
-///   etcd-client 0.21's `lease_keep_alive` opens a keep-alive stream, sends
-///   one keep-alive and keeps only its TTL, not its header; so the renewal
-///   sends a second keep-alive on that stream *together with* the range (one
-///   round trip of latency for the two) and judges those answers: three
-///   requests, two round trips of latency. A lease that etcd reports gone
-///   (TTL 0: expired or revoked) or whose key the read does not find with
-///   this acquisition's `create_revision`, holder and etcd lease is lost.
+///   read it. Together with that transaction, a keep-alive opens the etcd
+///   lease's keep-alive stream, which the acquisition's renewals use
+///   (dropped if the key is not taken). If the key already holds `holder`
+///   (an idempotent re-acquire), a second transaction moves the key to the
+///   new etcd lease (so that it lives for the ttl asked for now) keeping its
+///   `create_revision`, the fencing token, and the old etcd lease is revoked
+///   in the background. An etcd lease granted but not used is revoked in
+///   the background. Three requests, two round trips of latency (a
+///   re-acquire: three round trips).
+/// - **renew**: a `LeaseKeepAlive` of the acquisition's etcd lease on its
+///   stream, which restarts its TTL (the ttl it was granted: etcd cannot
+///   change a lease's TTL, so a renewal with another ttl keeps the first),
+///   checked by a linearizable `Range` of the key sent together with it
+///   (see [Renewal](#renewal-and-a-deposed-leader)): two requests, one round
+///   trip of latency. A renewal that finds no open stream (the acquisition
+///   was made through another value, or the stream failed) opens one first:
+///   etcd-client 0.21 sends a keep-alive to open it and keeps only that
+///   answer's TTL, not its header, so that renewal costs one more request
+///   and round trip. A renewal that fails, or is cancelled, drops its
+///   stream (an answer it did not read must not be taken for the next
+///   one's). A lease that etcd reports gone (TTL 0: expired or revoked) or
+///   whose key the read does not find with this acquisition's
+///   `create_revision`, holder and etcd lease is lost.
 /// - **release**: one transaction deleting the key iff its `create_revision`
 ///   is the acquisition's fencing token and its value the holder, then a
 ///   `LeaseRevoke` of the etcd lease.
@@ -172,13 +181,27 @@ pub struct Etcd {
     client: Client,
     prefix: Arc<str>,
     timeout: Duration,
-    /// The etcd lease of each acquisition made through this value (and its
-    /// clones), by (name, holder, fencing token).
+    /// The etcd lease (and keep-alive stream) of each acquisition made
+    /// through this value (and its clones), by (name, holder, fencing
+    /// token).
     leases: Arc<Mutex<Leases>>,
 }
 
-/// The etcd lease id of each acquisition, by (name, holder, fencing token).
-type Leases = HashMap<(String, String, u64), i64>;
+/// The etcd lease of each acquisition, by (name, holder, fencing token).
+type Leases = HashMap<(String, String, u64), Held>;
+
+/// An acquisition's etcd lease and, once a renewal opened it, its
+/// keep-alive stream.
+struct Held {
+    id: i64,
+    /// Taken out by a renewal while it runs, put back only after the
+    /// renewal read its answer: a stream with an unread answer is dropped.
+    stream: Option<KeepAlive>,
+}
+
+/// A keep-alive stream of one etcd lease: where keep-alives are sent, and
+/// where their answers come back (in order).
+type KeepAlive = (LeaseKeeper, LeaseKeepAliveStream);
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -196,6 +219,9 @@ impl Etcd {
     pub const MAX_PREFIX_LEN: usize = 64;
     /// How long each call may take unless [`with_timeout`](Etcd::with_timeout) says otherwise.
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+    /// The most renewals [`renew_many`](Backend::renew_many) has in flight
+    /// at a time.
+    pub const RENEW_IN_FLIGHT: usize = 64;
 
     /// Connect to the etcd cluster at `endpoints` (such as
     /// `["http://127.0.0.1:2379"]`), and only those: the client balances its
@@ -334,11 +360,29 @@ impl Etcd {
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember(&self, lease: Acquisition<'_>, id: i64) {
+    fn remember(&self, lease: Acquisition<'_>, id: i64, stream: Option<KeepAlive>) {
         if let Some(fence) = lease.fencing_token {
-            self.leases()
-                .insert((lease.name.to_owned(), lease.holder.to_owned(), fence), id);
+            self.leases().insert(
+                (lease.name.to_owned(), lease.holder.to_owned(), fence),
+                Held { id, stream },
+            );
         }
+    }
+
+    /// Open a keep-alive stream of the etcd lease `id` (etcd-client sends a
+    /// first keep-alive and waits for its answer). `None` if it cannot: a
+    /// renewal opens one then.
+    async fn open_stream(&self, id: i64) -> Option<KeepAlive> {
+        self.client.clone().lease_keep_alive(id).await.ok()
+    }
+
+    /// Take out the keep-alive stream of `lease`'s etcd lease `id`, if one
+    /// is open and not in use by another renewal.
+    fn take_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Option<KeepAlive> {
+        self.leases()
+            .get_mut(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
+            .filter(|held| held.id == id)
+            .and_then(|held| held.stream.take())
     }
 
     fn forget(&self, lease: Acquisition<'_>) {
@@ -383,7 +427,7 @@ impl Etcd {
         let remembered = self
             .leases()
             .get(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
-            .copied();
+            .map(|held| held.id);
         if remembered.is_some() {
             return Ok(remembered);
         }
@@ -401,28 +445,33 @@ impl Etcd {
     }
 
     /// One renewal of the acquisition `lease`, whose etcd lease is `id`: a
-    /// keep-alive of `id`, then a second keep-alive on the same stream sent
-    /// together with a linearizable read of the key, judged by [`verdict`].
+    /// keep-alive on the acquisition's stream (opened first if it has none)
+    /// sent together with a linearizable read of the key, judged by
+    /// [`verdict`]. The stream goes back to the acquisition only after a
+    /// renewal that succeeded; on an error, a loss or a cancellation it is
+    /// dropped, with any answer left unread on it.
     async fn renew_once(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Result<bool, Error> {
-        let mut client = self.client.clone();
-        // etcd-client sends the first keep-alive, checks its TTL and drops
-        // the rest of the answer (its header): the second keep-alive, on the
-        // same stream (so to the same member), is the one whose answer is
-        // judged.
-        let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
-            Ok(opened) => opened,
-            // etcd-client's answer to a keep-alive whose reply has TTL 0.
-            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
-                return Ok(false);
-            }
-            Err(e) => return Err(e.into()),
+        let (mut keeper, mut stream) = match self.take_stream(lease, fence, id) {
+            Some(open) => open,
+            // etcd-client sends a first keep-alive to open the stream,
+            // checks its TTL and drops the rest of the answer (its header):
+            // the keep-alive sent below is the one whose answer is judged.
+            None => match self.client.clone().lease_keep_alive(id).await {
+                Ok(opened) => opened,
+                // etcd-client's answer to a keep-alive whose reply has TTL 0.
+                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.into()),
+            },
         };
         let keep_alive = async {
             keeper.keep_alive().await?;
             stream.message().await
         };
-        // Polled second by `try_join!`: sent no earlier than the keep-alive.
-        // `GetOptions` default: a linearizable read (not serializable).
+        // Polled second by `try_join!`: sent no earlier than the keep-alive
+        // is handed to its stream. `GetOptions` default: a linearizable
+        // read (not serializable).
         let mut reader = self.client.clone();
         let read = reader.get(self.key(lease.name), None);
         let (answer, mut read) = tokio::try_join!(keep_alive, read)?;
@@ -432,7 +481,7 @@ impl Etcd {
             ));
         };
         let key = read.take_kvs().into_iter().next();
-        verdict(
+        let renewed = verdict(
             Renewal {
                 ttl: answer.ttl(),
                 keep_alive_term: answer.header().map(|h| h.raft_term()),
@@ -445,7 +494,21 @@ impl Etcd {
             },
             fence,
             id,
-        )
+        )?;
+        if renewed {
+            self.keep_stream(lease, fence, id, (keeper, stream));
+        }
+        Ok(renewed)
+    }
+
+    /// Give the open stream back to the acquisition after a renewal. A
+    /// stream whose acquisition this value does not remember (released
+    /// meanwhile, or made through another value) is dropped.
+    fn keep_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64, open: KeepAlive) {
+        let key = (lease.name.to_owned(), lease.holder.to_owned(), fence);
+        if let Some(held) = self.leases().get_mut(&key).filter(|held| held.id == id) {
+            held.stream = Some(open);
+        }
     }
 
     async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
@@ -463,7 +526,11 @@ impl Etcd {
                 Some(PutOptions::new().with_lease(granted)),
             )])
             .or_else([TxnOp::get(key, None)]);
-        let response = match client.txn(txn).await {
+        // The keep-alive stream of the new etcd lease opens together with
+        // the transaction (one round trip for both), so that every renewal
+        // is one round trip; it is dropped if the key is not taken.
+        let (response, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
+        let response = match response {
             Ok(response) => response,
             Err(e) => {
                 self.revoke_later(granted);
@@ -475,9 +542,10 @@ impl Etcd {
                 Error::Protocol("etcd answered a transaction without a header".to_owned())
             })?;
             let fence = positive(revision)?;
-            self.remember(Acquisition::new(name, holder, Some(fence)), granted);
+            self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
             return Ok(Some(Grant::new(Some(fence))));
         }
+        drop(stream);
         let existing = response.op_responses().into_iter().find_map(|r| match r {
             TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
             _ => None,
@@ -504,7 +572,8 @@ impl Etcd {
                 holder,
                 Some(PutOptions::new().with_lease(granted)),
             )]);
-        let moved = match client.txn(txn).await {
+        let (moved, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
+        let moved = match moved {
             Ok(response) => response.succeeded(),
             Err(e) => {
                 self.revoke_later(granted);
@@ -519,7 +588,7 @@ impl Etcd {
             // Nothing is attached to the old etcd lease any more.
             self.revoke_later(kv.lease());
         }
-        self.remember(Acquisition::new(name, holder, Some(fence)), granted);
+        self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
         Ok(Some(Grant::new(Some(fence))))
     }
 }
@@ -619,11 +688,32 @@ impl Backend for Etcd {
         .await
     }
 
+    /// One [`renew`](Backend::renew) per lease (etcd keeps leases alive one
+    /// by one), at most [`Etcd::RENEW_IN_FLIGHT`] at a time, so that each
+    /// renewal's time limit runs from when it is sent, not from the start of
+    /// a queue of thousands. `Err` (the whole batch is retried) at the first
+    /// renewal that fails.
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        // Collected first: a stream over the closure is not `Send` for
+        // every lifetime the trait's future must accept.
+        let calls: Vec<_> = leases
+            .iter()
+            .map(|&(lease, ttl)| self.renew(lease, ttl))
+            .collect();
+        futures_util::stream::iter(calls)
+            .buffered(Self::RENEW_IN_FLIGHT)
+            .try_collect()
+            .await
+    }
+
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let Some(fence) = lease.fencing_token.and_then(|f| i64::try_from(f).ok()) else {
             return Ok(());
         };
+        // Whatever the outcome, this acquisition is not renewed again: its
+        // keep-alive stream closes now.
+        self.forget(lease);
         self.bounded("release", async {
             let key = self.key(lease.name);
             let txn = Txn::new()
@@ -637,7 +727,6 @@ impl Backend for Etcd {
                 )]);
             let mut client = self.client.clone();
             let response = client.txn(txn).await?;
-            self.forget(lease);
             let deleted = response.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Delete(mut d) => d.take_prev_kvs().into_iter().next(),
                 _ => None,
