@@ -190,10 +190,14 @@ pub struct Etcd {
 /// The etcd lease of each acquisition, by (name, holder, fencing token).
 type Leases = HashMap<(String, String, u64), Held>;
 
-/// An acquisition's etcd lease and, once a renewal opened it, its
-/// keep-alive stream.
+/// An acquisition's etcd lease and its keep-alive stream.
 struct Held {
     id: i64,
+    /// Its release was sent and has not been confirmed (it failed, or was
+    /// cancelled by the engine's limit). Such an acquisition is never
+    /// renewed, and an acquisition by the same holder that finds its key
+    /// finishes that release first (see [`Etcd::try_acquire`]).
+    releasing: bool,
     /// Taken out by a renewal while it runs, put back only after the
     /// renewal read its answer: a stream with an unread answer is dropped.
     stream: Option<KeepAlive>,
@@ -364,7 +368,11 @@ impl Etcd {
         if let Some(fence) = lease.fencing_token {
             self.leases().insert(
                 (lease.name.to_owned(), lease.holder.to_owned(), fence),
-                Held { id, stream },
+                Held {
+                    id,
+                    stream,
+                    releasing: false,
+                },
             );
         }
     }
@@ -381,7 +389,7 @@ impl Etcd {
     fn take_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Option<KeepAlive> {
         self.leases()
             .get_mut(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
-            .filter(|held| held.id == id)
+            .filter(|held| held.id == id && !held.releasing)
             .and_then(|held| held.stream.take())
     }
 
@@ -390,6 +398,27 @@ impl Etcd {
             self.leases()
                 .remove(&(lease.name.to_owned(), lease.holder.to_owned(), fence));
         }
+    }
+
+    /// Mark `lease` as being released: never renewed again, its keep-alive
+    /// stream closed. The etcd lease it had, if this value knows it.
+    fn releasing(&self, lease: Acquisition<'_>) -> Option<i64> {
+        let fence = lease.fencing_token?;
+        let mut leases = self.leases();
+        let held = leases.get_mut(&(lease.name.to_owned(), lease.holder.to_owned(), fence))?;
+        held.releasing = true;
+        held.stream = None;
+        Some(held.id)
+    }
+
+    /// Whether the key `kv` of `name` is an acquisition of `holder` through
+    /// this value whose release was sent and not confirmed.
+    fn unconfirmed_release(&self, name: &str, holder: &str, kv: &KeyValue) -> bool {
+        fence_of(kv).is_some_and(|fence| {
+            self.leases()
+                .get(&(name.to_owned(), holder.to_owned(), fence))
+                .is_some_and(|held| held.releasing && held.id == kv.lease())
+        })
     }
 
     /// Run `call` within the backend's timeout.
@@ -427,9 +456,9 @@ impl Etcd {
         let remembered = self
             .leases()
             .get(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
-            .map(|held| held.id);
-        if remembered.is_some() {
-            return Ok(remembered);
+            .map(|held| (!held.releasing).then_some(held.id));
+        if let Some(id) = remembered {
+            return Ok(id);
         }
         let kv = self.read(lease.name).await?;
         Ok(kv
@@ -506,7 +535,11 @@ impl Etcd {
     /// meanwhile, or made through another value) is dropped.
     fn keep_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64, open: KeepAlive) {
         let key = (lease.name.to_owned(), lease.holder.to_owned(), fence);
-        if let Some(held) = self.leases().get_mut(&key).filter(|held| held.id == id) {
+        if let Some(held) = self
+            .leases()
+            .get_mut(&key)
+            .filter(|held| held.id == id && !held.releasing)
+        {
             held.stream = Some(open);
         }
     }
@@ -518,42 +551,67 @@ impl Etcd {
             .await?
             .id();
         let key = self.key(name);
-        let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(
-                key.clone(),
-                holder,
-                Some(PutOptions::new().with_lease(granted)),
-            )])
-            .or_else([TxnOp::get(key, None)]);
-        // The keep-alive stream of the new etcd lease opens together with
-        // the transaction (one round trip for both), so that every renewal
-        // is one round trip; it is dropped if the key is not taken.
-        let (response, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
-        let response = match response {
-            Ok(response) => response,
-            Err(e) => {
-                self.revoke_later(granted);
-                return Err(e.into());
+        let mut finished_release = false;
+        let kv = loop {
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    holder,
+                    Some(PutOptions::new().with_lease(granted)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            // The keep-alive stream of the new etcd lease opens together
+            // with the transaction (one round trip for both), so that every
+            // renewal is one round trip; it is dropped if the key is not
+            // taken.
+            let (response, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
+            let response = match response {
+                Ok(response) => response,
+                Err(e) => {
+                    self.revoke_later(granted);
+                    return Err(e.into());
+                }
+            };
+            if response.succeeded() {
+                let revision = response.header().map(|h| h.revision()).ok_or_else(|| {
+                    Error::Protocol("etcd answered a transaction without a header".to_owned())
+                })?;
+                let fence = positive(revision)?;
+                self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
+                return Ok(Some(Grant::new(Some(fence))));
             }
-        };
-        if response.succeeded() {
-            let revision = response.header().map(|h| h.revision()).ok_or_else(|| {
-                Error::Protocol("etcd answered a transaction without a header".to_owned())
-            })?;
-            let fence = positive(revision)?;
-            self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
-            return Ok(Some(Grant::new(Some(fence))));
-        }
-        drop(stream);
-        let existing = response.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let Some(kv) = existing.filter(|kv| kv.value() == holder.as_bytes()) else {
-            // Held by another holder (or, impossibly, read as absent).
-            self.revoke_later(granted);
-            return Ok(None);
+            drop(stream);
+            let existing = response.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
+                _ => None,
+            });
+            let Some(kv) = existing.filter(|kv| kv.value() == holder.as_bytes()) else {
+                // Held by another holder (or, impossibly, read as absent).
+                self.revoke_later(granted);
+                return Ok(None);
+            };
+            if finished_release || !self.unconfirmed_release(name, holder, &kv) {
+                break kv;
+            }
+            // The key is this holder's earlier acquisition, whose release
+            // was sent and not confirmed (the engine kept the name for a
+            // ttl since; etcd frees a key only at its lease's expiry sweep,
+            // later). That release may still be delivered: finish it (revoke
+            // its etcd lease, which deletes the key) and acquire afresh,
+            // with a new fencing token, rather than re-acquire it with the
+            // old one, which the late release would then end.
+            finished_release = true;
+            match client.lease_revoke(kv.lease()).await {
+                Ok(_) => {}
+                Err(etcd_client::Error::GRpcStatus(s))
+                    if s.message().contains("lease not found") => {}
+                Err(e) => {
+                    self.revoke_later(granted);
+                    return Err(e.into());
+                }
+            }
+            self.forget(Acquisition::new(name, holder, fence_of(&kv)));
         };
         // Held by the same holder: an idempotent re-acquire. The key moves
         // to the new etcd lease, so that it lives for the ttl asked for now
@@ -712,21 +770,27 @@ impl Backend for Etcd {
             return Ok(());
         };
         // Whatever the outcome, this acquisition is not renewed again: its
-        // keep-alive stream closes now.
-        self.forget(lease);
+        // keep-alive stream closes now. It is forgotten once the release is
+        // confirmed; until then a new acquisition by the holder finishes it.
+        let id = self.releasing(lease);
         self.bounded("release", async {
             let key = self.key(lease.name);
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(key.clone(), CompareOp::Equal, fence),
-                    Compare::value(key.clone(), CompareOp::Equal, lease.holder),
-                ])
-                .and_then([TxnOp::delete(
-                    key,
-                    Some(DeleteOptions::new().with_prev_key()),
-                )]);
+            let mut compare = vec![
+                Compare::create_revision(key.clone(), CompareOp::Equal, fence),
+                Compare::value(key.clone(), CompareOp::Equal, lease.holder),
+            ];
+            if let Some(id) = id {
+                // Not the same acquisition's key moved to another etcd
+                // lease by a re-acquire made meanwhile.
+                compare.push(Compare::lease(key.clone(), CompareOp::Equal, id));
+            }
+            let txn = Txn::new().when(compare).and_then([TxnOp::delete(
+                key,
+                Some(DeleteOptions::new().with_prev_key()),
+            )]);
             let mut client = self.client.clone();
             let response = client.txn(txn).await?;
+            self.forget(lease);
             let deleted = response.op_responses().into_iter().find_map(|r| match r {
                 TxnOpResponse::Delete(mut d) => d.take_prev_kvs().into_iter().next(),
                 _ => None,
