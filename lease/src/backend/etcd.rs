@@ -202,6 +202,11 @@ pub struct Etcd {
 /// The etcd lease of each acquisition, by (name, holder, fencing token).
 type Leases = HashMap<(String, String, u64), Held>;
 
+/// The key of an acquisition in [`Leases`].
+fn entry(name: &str, holder: &str, fence: u64) -> (String, String, u64) {
+    (name.to_owned(), holder.to_owned(), fence)
+}
+
 /// An acquisition's etcd lease and its keep-alive stream.
 struct Held {
     id: i64,
@@ -379,7 +384,7 @@ impl Etcd {
     fn remember(&self, lease: Acquisition<'_>, id: i64, stream: Option<KeepAlive>) {
         if let Some(fence) = lease.fencing_token {
             self.leases().insert(
-                (lease.name.to_owned(), lease.holder.to_owned(), fence),
+                entry(lease.name, lease.holder, fence),
                 Held {
                     id,
                     stream,
@@ -400,7 +405,7 @@ impl Etcd {
     /// is open and not in use by another renewal.
     fn take_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Option<KeepAlive> {
         self.leases()
-            .get_mut(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
+            .get_mut(&entry(lease.name, lease.holder, fence))
             .filter(|held| held.id == id && !held.releasing)
             .and_then(|held| held.stream.take())
     }
@@ -408,7 +413,7 @@ impl Etcd {
     fn forget(&self, lease: Acquisition<'_>) {
         if let Some(fence) = lease.fencing_token {
             self.leases()
-                .remove(&(lease.name.to_owned(), lease.holder.to_owned(), fence));
+                .remove(&entry(lease.name, lease.holder, fence));
         }
     }
 
@@ -417,7 +422,7 @@ impl Etcd {
     fn releasing(&self, lease: Acquisition<'_>) -> Option<i64> {
         let fence = lease.fencing_token?;
         let mut leases = self.leases();
-        let held = leases.get_mut(&(lease.name.to_owned(), lease.holder.to_owned(), fence))?;
+        let held = leases.get_mut(&entry(lease.name, lease.holder, fence))?;
         held.releasing = true;
         held.stream = None;
         Some(held.id)
@@ -428,7 +433,7 @@ impl Etcd {
     fn unconfirmed_release(&self, name: &str, holder: &str, kv: &KeyValue) -> bool {
         fence_of(kv).is_some_and(|fence| {
             self.leases()
-                .get(&(name.to_owned(), holder.to_owned(), fence))
+                .get(&entry(name, holder, fence))
                 .is_some_and(|held| held.releasing && held.id == kv.lease())
         })
     }
@@ -467,7 +472,7 @@ impl Etcd {
         };
         let remembered = self
             .leases()
-            .get(&(lease.name.to_owned(), lease.holder.to_owned(), fence))
+            .get(&entry(lease.name, lease.holder, fence))
             .map(|held| (!held.releasing).then_some(held.id));
         if let Some(id) = remembered {
             return Ok(id);
@@ -546,7 +551,7 @@ impl Etcd {
     /// stream whose acquisition this value does not remember (released
     /// meanwhile, or made through another value) is dropped.
     fn keep_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64, open: KeepAlive) {
-        let key = (lease.name.to_owned(), lease.holder.to_owned(), fence);
+        let key = entry(lease.name, lease.holder, fence);
         if let Some(held) = self
             .leases()
             .get_mut(&key)
