@@ -210,11 +210,13 @@ impl Store {
                     options = options.with_user(user, password);
                 }
                 let opened = async {
-                    let client = connect_within(timeout, "connect", async {
-                        Ok(etcd_client::Client::connect(endpoints, Some(options)).await?)
+                    // `connect_with`, not `new`: renewals go to the member
+                    // that leads (see the `Etcd` docs).
+                    let backend = connect_within(timeout, "connect", async {
+                        Ok(Etcd::connect_with(endpoints, options).await?)
                     })
-                    .await?;
-                    let backend = Etcd::new(client).with_timeout(timeout);
+                    .await?
+                    .with_timeout(timeout);
                     match prefix {
                         Some(prefix) => backend.with_prefix(prefix),
                         None => Ok(backend),

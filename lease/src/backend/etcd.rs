@@ -10,9 +10,10 @@
 //!   `create_revision` (the cluster-wide revision of that put) identifies the
 //!   acquisition and is its fencing token.
 //! - Renew and release concern one acquisition: renew keeps alive the etcd
-//!   lease of that acquisition (the key lives exactly as long as it) and
-//!   trusts the keep-alive only if a linearizable read of the key, in the
-//!   same raft term, finds the acquisition's key on that etcd lease; release
+//!   lease of that acquisition (the key lives exactly as long as it), on the
+//!   member that leads, and trusts the keep-alive only if a linearizable
+//!   read of the key, answered by the same member in the term it leads,
+//!   finds the acquisition's key on that etcd lease; release
 //!   deletes the key only if its `create_revision` and holder are the
 //!   acquisition's, then revokes the etcd lease.
 //! - Each backend value remembers the etcd lease of each acquisition it made
@@ -54,9 +55,13 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 /// - **renew**: a `LeaseKeepAlive` of the acquisition's etcd lease on its
 ///   stream, which restarts its TTL (the ttl it was granted: etcd cannot
 ///   change a lease's TTL, so a renewal with another ttl keeps the first),
-///   checked by a linearizable `Range` of the key sent together with it
+///   checked by a linearizable `Range` of the key sent together with it,
+///   both to the member that leads
 ///   (see [Renewal](#renewal-and-a-deposed-leader)): two requests, one round
-///   trip of latency. A renewal that finds no open stream (the acquisition
+///   trip of latency. Finding the leader (a `Status` per endpoint, sent
+///   together: one more round trip) is done once, and again after a
+///   renewal that could not be judged, as after a leader change; the first
+///   acquisition asks it together with its grant. A renewal that finds no open stream (the acquisition
 ///   was made through another value, or the stream failed) opens one first:
 ///   etcd-client 0.21 sends a keep-alive to open it and keeps only that
 ///   answer's TTL, not its header, so that renewal costs one more request
@@ -84,40 +89,51 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 /// The new leader, promoted before that keep-alive, never extended the
 /// lease and revokes it at its expiry, while the holder trusts the answer
 /// and runs past it: two valid holders (the fault suite's `leader-pause`
-/// row measured it, see docs/RELIABILITY.md). So a renewal is trusted only
-/// if:
+/// row measured it, see docs/RELIABILITY.md). A keep-alive sent to a
+/// *follower* has the same hazard one step removed: the follower forwards
+/// it to the member it believes leads, and fills the answer's header with
+/// its own id and term, not those of the member that applied it.
+///
+/// So a backend made by [`connect`](Etcd::connect) keeps one client per
+/// endpoint besides the balanced one, asks the members which of them leads
+/// (`Status`, sent to all together; again whenever a renewal could not be
+/// judged) and sends each renewal — the keep-alive stream and the read —
+/// to that member, which named itself leader in term T. A renewal is
+/// trusted only if:
 ///
 /// - the keep-alive answers a TTL above 0, and
 /// - a linearizable read of the key (the default `GetOptions`, not
 ///   serializable), sent no earlier than that keep-alive, finds the key with
 ///   this acquisition's `create_revision`, holder and etcd lease, and
-/// - the raft term in the read's response header equals the one in the
-///   keep-alive's.
+/// - both answers' headers name that member and term T.
 ///
-/// Why the term: a keep-alive answered in term T extended the lease on the
-/// leader of T. A linearizable read is served only after a quorum confirmed
-/// its leader, at a time after the read was sent, so after the keep-alive
-/// was sent; if it still sees term T, no newer leader was promoted before
-/// the keep-alive was sent, and a leader promoted after it restarts every
-/// lease's full TTL on taking over: the lease lives at least until the
-/// keep-alive's send time + TTL, what the engine assumes. If the read sees
-/// another term, that cannot be told apart, and the renewal fails with
+/// Why that suffices: the keep-alive's header names the member that
+/// answered and the term it was in when it answered. That member led in
+/// T, and a member leads at most once per term: still in T after applying
+/// the keep-alive, it applied it as T's leader, from T's lessor (a member
+/// that stops leading within its term forwards renewals only to a leader
+/// of a later term, which it must hear of first). A linearizable read is
+/// served only after a quorum confirmed its leader, at a time after the
+/// read was sent, so after the keep-alive was sent; if it still sees T, no
+/// newer leader was promoted before the keep-alive was sent, and a leader
+/// promoted after it restarts every lease's full TTL on taking over: the
+/// lease lives at least until the keep-alive's send time + TTL, what the
+/// engine assumes. Any other answer cannot be told apart from a renewal
+/// only a deposed leader applied, and the renewal fails with
 /// [`Error::Etcd`] — neither renewed nor lost: the engine retries it until
-/// the local deadline, which it does not move. A deposed leader cannot
-/// serve a linearizable read (it has no quorum): the read fails, or waits
-/// until it hears of the new term (its header then has the new one), or
-/// until the call's time limit.
+/// the local deadline, which it does not move, and the retry asks again who
+/// leads. A deposed leader cannot serve a linearizable read (it has no
+/// quorum): the read fails, or waits until it hears of the new term (its
+/// header then has the new one), or until the call's time limit.
 ///
-/// **This check is not complete.** A keep-alive that reaches a *follower*
-/// is forwarded by it to the member it believes leads, and the answer's
-/// header carries the follower's own raft term, not that of the member
-/// that applied the renewal. A follower that forwarded to a paused leader
-/// before it heard of the new term, and answers after it has, reports the
-/// new term for a renewal only the deposed leader applied, and the check
-/// trusts it. The fault suite's `leader-pause` row measured one overlap of
-/// 121 ms in ten injections (docs/RELIABILITY.md). On such servers, run
-/// etcd 3.4.28 / 3.5.11 or later (which refuse a renewal on a member that
-/// no longer leads), or rely on the fencing token.
+/// A backend made by [`new`](Etcd::new) from a client, or whose endpoints
+/// do not include the leader (a single endpoint in front of the cluster, a
+/// proxy), cannot tell which member answers: it sends renewals through the
+/// balanced client and checks only that both answers come from one raft
+/// term. That check misses the follower above (it measured one overlap of
+/// 121 ms in ten `leader-pause` injections, docs/RELIABILITY.md): on such
+/// set-ups run etcd 3.4.28 / 3.5.11 or later, which refuse a renewal on a
+/// member that no longer leads, or rely on the fencing token.
 ///
 /// Every call (all its round trips together) is bounded by the backend's
 /// [timeout](Etcd::with_timeout) (default 5 s), after which it fails with
@@ -161,8 +177,10 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   between; the fencing token tells them apart.
 /// - **A leader is paused or cut off and resumes** believing it still
 ///   leads: see [Renewal](#renewal-and-a-deposed-leader); such a renewal
-///   fails and is retried (through the client's other endpoints) — except
-///   through a follower that forwarded it, which that section describes.
+///   fails, and is retried to the member that leads now.
+/// - **The leader changes**: the first renewal sent to the old leader
+///   fails (another member or term answers); its retry asks who leads and
+///   opens a keep-alive stream there.
 ///
 /// # Building
 ///
@@ -191,6 +209,10 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 #[derive(Clone)]
 pub struct Etcd {
     client: Client,
+    /// One client per endpoint given to [`connect`](Etcd::connect), to send
+    /// renewals to the member that leads; `None` for a backend built on a
+    /// client ([`new`](Etcd::new)).
+    members: Option<Arc<Members>>,
     prefix: Arc<str>,
     timeout: Duration,
     /// The etcd lease (and keep-alive stream) of each acquisition made
@@ -205,6 +227,71 @@ type Leases = HashMap<(String, String, u64), Held>;
 /// The key of an acquisition in [`Leases`].
 fn entry(name: &str, holder: &str, fence: u64) -> (String, String, u64) {
     (name.to_owned(), holder.to_owned(), fence)
+}
+
+/// The members of the cluster as given to [`Etcd::connect`], one client
+/// each, and the one that leads as last found (see
+/// [Renewal](Etcd#renewal-and-a-deposed-leader)).
+struct Members {
+    /// By endpoint, in the order given.
+    clients: Vec<Client>,
+    /// Where renewals go, until a renewal through it fails.
+    route: Mutex<Option<Route>>,
+    /// Held while the members are asked who leads, so that renewals that
+    /// all found no route ask once.
+    finding: tokio::sync::Mutex<()>,
+}
+
+/// Where renewals go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// To the member at this index of [`Members::clients`], which said it
+    /// leads in this term: a renewal is trusted only if both its answers
+    /// come from that member in that term.
+    Leader { index: usize, origin: Origin },
+    /// Every endpoint answered and none leads (the leader is a member that
+    /// was not given, as behind a proxy or a single endpoint): through the
+    /// balanced client, with the weaker check of one raft term.
+    Unlisted,
+}
+
+/// Who answered a request, from its response header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Origin {
+    member_id: u64,
+    term: u64,
+}
+
+impl Origin {
+    fn of(header: Option<&etcd_client::ResponseHeader>) -> Option<Self> {
+        header.map(|h| Self {
+            member_id: h.member_id(),
+            term: h.raft_term(),
+        })
+    }
+}
+
+/// Forgets the route a renewal used unless the renewal got answers it
+/// could judge: after an error, a timeout, an answer from another member
+/// or term, or a cancellation, the next renewal asks again who leads.
+struct RouteCheck<'a> {
+    members: Option<&'a Members>,
+    route: Option<Route>,
+    judged: bool,
+}
+
+impl Drop for RouteCheck<'_> {
+    fn drop(&mut self) {
+        if self.judged {
+            return;
+        }
+        if let (Some(members), Some(route)) = (self.members, self.route) {
+            let mut cached = members.route.lock().unwrap_or_else(|e| e.into_inner());
+            if *cached == Some(route) {
+                *cached = None;
+            }
+        }
+    }
 }
 
 /// An acquisition's etcd lease and its keep-alive stream.
@@ -222,7 +309,13 @@ struct Held {
 
 /// A keep-alive stream of one etcd lease: where keep-alives are sent, and
 /// where their answers come back (in order).
-type KeepAlive = (LeaseKeeper, LeaseKeepAliveStream);
+struct KeepAlive {
+    /// The member it was opened to (an index of [`Members::clients`]), or
+    /// `None` through the balanced client.
+    member: Option<usize>,
+    keeper: LeaseKeeper,
+    stream: LeaseKeepAliveStream,
+}
 
 impl std::fmt::Debug for Etcd {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -247,7 +340,9 @@ impl Etcd {
     /// Connect to the etcd cluster at `endpoints` (such as
     /// `["http://127.0.0.1:2379"]`), and only those: the client balances its
     /// requests over them and does not discover other members. Give it
-    /// every member, so that it goes on when one fails.
+    /// every member, so that it goes on when one fails, and so that
+    /// renewals can be sent to the member that leads (see
+    /// [Renewal](#renewal-and-a-deposed-leader)).
     ///
     /// The connection sends HTTP/2 pings (every 5 s, 2 s to answer) so that
     /// a member that went silent is noticed, asks for a leader on every
@@ -256,30 +351,64 @@ impl Etcd {
     ///
     /// # Errors
     ///
-    /// [`Error::Etcd`] for an invalid or empty list of endpoints, or when
-    /// none can be reached.
+    /// [`Error::Etcd`] for an invalid or empty list of endpoints.
     pub async fn connect<E: AsRef<str>>(
         endpoints: impl IntoIterator<Item = E>,
     ) -> Result<Self, Error> {
-        let endpoints: Vec<String> = endpoints
-            .into_iter()
-            .map(|e| e.as_ref().to_owned())
-            .collect();
         let options = ConnectOptions::new()
             .with_connect_timeout(Self::DEFAULT_TIMEOUT)
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(2))
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
-        let client = Client::connect(endpoints, Some(options)).await?;
-        Ok(Self::new(client))
+        Self::connect_with(endpoints, options).await
+    }
+
+    /// [`connect`](Etcd::connect) with the client's `options` (credentials,
+    /// timeouts, TLS) instead of its defaults. Every client it makes (one
+    /// balanced over `endpoints`, and one per endpoint for renewals) uses
+    /// them.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`] for an invalid or empty list of endpoints, or when
+    /// the client cannot start (an authentication that fails).
+    pub async fn connect_with<E: AsRef<str>>(
+        endpoints: impl IntoIterator<Item = E>,
+        options: ConnectOptions,
+    ) -> Result<Self, Error> {
+        let endpoints: Vec<String> = endpoints
+            .into_iter()
+            .map(|e| e.as_ref().to_owned())
+            .collect();
+        let client = Client::connect(&endpoints, Some(options.clone())).await?;
+        // Connected lazily, as the balanced client: a member that is down
+        // now is reached when it is back.
+        let mut clients = Vec::with_capacity(endpoints.len());
+        for endpoint in &endpoints {
+            clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+        }
+        Ok(Self {
+            members: Some(Arc::new(Members {
+                clients,
+                route: Mutex::new(None),
+                finding: tokio::sync::Mutex::new(()),
+            })),
+            ..Self::new(client)
+        })
     }
 
     /// A backend on `client`, with the key prefix `lease/` and a 5 s
     /// timeout per call. The client's own settings (endpoints, timeouts,
     /// authentication) apply.
+    ///
+    /// A backend made this way cannot tell which member answers, and its
+    /// renewals have the weaker check that
+    /// [Renewal](#renewal-and-a-deposed-leader) describes: prefer
+    /// [`connect`](Etcd::connect) or [`connect_with`](Etcd::connect_with).
     pub fn new(client: Client) -> Self {
         Self {
             client,
+            members: None,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             leases: Arc::default(),
@@ -394,20 +523,86 @@ impl Etcd {
         }
     }
 
-    /// Open a keep-alive stream of the etcd lease `id` (etcd-client sends a
-    /// first keep-alive and waits for its answer). `None` if it cannot: a
-    /// renewal opens one then.
-    async fn open_stream(&self, id: i64) -> Option<KeepAlive> {
-        self.client.clone().lease_keep_alive(id).await.ok()
+    /// Open a keep-alive stream of the etcd lease `id` on `route`'s member
+    /// (etcd-client sends a first keep-alive and waits for its answer).
+    async fn open_stream(&self, id: i64, route: Option<Route>) -> Result<KeepAlive, Error> {
+        let (member, mut client) = self.client_for(route);
+        let (keeper, stream) = client.lease_keep_alive(id).await?;
+        Ok(KeepAlive {
+            member,
+            keeper,
+            stream,
+        })
+    }
+
+    /// The member index and the client that requests on `route` go through.
+    fn client_for(&self, route: Option<Route>) -> (Option<usize>, Client) {
+        match (route, &self.members) {
+            (Some(Route::Leader { index, .. }), Some(members)) => {
+                (Some(index), members.clients[index].clone())
+            }
+            _ => (None, self.client.clone()),
+        }
+    }
+
+    /// Where renewals go: the route last found, or the member that says it
+    /// leads now (one `Status` to every endpoint, sent together; the first
+    /// that names itself is taken — a renewal checks it). `None` for a
+    /// backend built on a client.
+    async fn route(&self) -> Result<Option<Route>, Error> {
+        let Some(members) = &self.members else {
+            return Ok(None);
+        };
+        let cached = || *members.route.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(route) = cached() {
+            return Ok(Some(route));
+        }
+        let _finding = members.finding.lock().await;
+        if let Some(route) = cached() {
+            return Ok(Some(route));
+        }
+        let route = find_leader(&members.clients).await?;
+        tracing::debug!(?route, "etcd: renewals go to this member");
+        *members.route.lock().unwrap_or_else(|e| e.into_inner()) = Some(route);
+        Ok(Some(route))
+    }
+
+    /// Run `call` while the route is found, if it is not known: the route
+    /// if it was found by the time `call` is done.
+    async fn alongside_route<T>(&self, call: impl Future<Output = T>) -> (T, Option<Route>) {
+        let route = self.route();
+        let call = call;
+        tokio::pin!(route, call);
+        let mut found = None;
+        let mut finding = true;
+        loop {
+            tokio::select! {
+                biased;
+                r = &mut route, if finding => {
+                    finding = false;
+                    found = r.ok().flatten();
+                }
+                out = &mut call => return (out, found),
+            }
+        }
     }
 
     /// Take out the keep-alive stream of `lease`'s etcd lease `id`, if one
-    /// is open and not in use by another renewal.
-    fn take_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Option<KeepAlive> {
+    /// is open to `route`'s member and not in use by another renewal (a
+    /// stream to another member is dropped).
+    fn take_stream(
+        &self,
+        lease: Acquisition<'_>,
+        fence: u64,
+        id: i64,
+        route: Option<Route>,
+    ) -> Option<KeepAlive> {
+        let member = self.client_for(route).0;
         self.leases()
             .get_mut(&entry(lease.name, lease.holder, fence))
             .filter(|held| held.id == id && !held.releasing)
             .and_then(|held| held.stream.take())
+            .filter(|open| open.member == member)
     }
 
     fn forget(&self, lease: Acquisition<'_>) {
@@ -459,6 +654,7 @@ impl Etcd {
         let timeout = self.timeout;
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                tracing::debug!(id, "etcd: revoking an unused etcd lease");
                 let _ = tokio::time::timeout(timeout, client.lease_revoke(id)).await;
             });
         }
@@ -491,26 +687,43 @@ impl Etcd {
     }
 
     /// One renewal of the acquisition `lease`, whose etcd lease is `id`: a
-    /// keep-alive on the acquisition's stream (opened first if it has none)
-    /// sent together with a linearizable read of the key, judged by
+    /// keep-alive on the acquisition's stream to the member that leads
+    /// (opened first if it has none there) sent together with a
+    /// linearizable read of the key on the same member, judged by
     /// [`verdict`]. The stream goes back to the acquisition only after a
     /// renewal that succeeded; on an error, a loss or a cancellation it is
-    /// dropped, with any answer left unread on it.
+    /// dropped, with any answer left unread on it. A renewal whose answers
+    /// could not be judged (an error, another member or term, a timeout)
+    /// forgets the route, and the next one asks again who leads.
     async fn renew_once(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Result<bool, Error> {
-        let (mut keeper, mut stream) = match self.take_stream(lease, fence, id) {
+        let route = self.route().await?;
+        let mut check = RouteCheck {
+            members: self.members.as_deref(),
+            route,
+            judged: false,
+        };
+        let open = match self.take_stream(lease, fence, id, route) {
             Some(open) => open,
             // etcd-client sends a first keep-alive to open the stream,
             // checks its TTL and drops the rest of the answer (its header):
             // the keep-alive sent below is the one whose answer is judged.
-            None => match self.client.clone().lease_keep_alive(id).await {
+            None => match self.open_stream(id, route).await {
                 Ok(opened) => opened,
                 // etcd-client's answer to a keep-alive whose reply has TTL 0.
-                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
+                Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(m)))
+                    if m == "lease not found" =>
+                {
+                    check.judged = true;
                     return Ok(false);
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e),
             },
         };
+        let KeepAlive {
+            member,
+            mut keeper,
+            mut stream,
+        } = open;
         let keep_alive = async {
             keeper.keep_alive().await?;
             stream.message().await
@@ -518,7 +731,7 @@ impl Etcd {
         // Polled second by `try_join!`: sent no earlier than the keep-alive
         // is handed to its stream. `GetOptions` default: a linearizable
         // read (not serializable).
-        let mut reader = self.client.clone();
+        let mut reader = self.client_for(route).1;
         let read = reader.get(self.key(lease.name), None);
         let (answer, mut read) = tokio::try_join!(keep_alive, read)?;
         let Some(answer) = answer else {
@@ -527,22 +740,40 @@ impl Etcd {
             ));
         };
         let key = read.take_kvs().into_iter().next();
-        let renewed = verdict(
-            Renewal {
-                ttl: answer.ttl(),
-                keep_alive_term: answer.header().map(|h| h.raft_term()),
-                read_term: read.header().map(|h| h.raft_term()),
-                key: key.as_ref().map(|kv| KeySeen {
-                    create_revision: kv.create_revision(),
-                    lease: kv.lease(),
-                    holder_matches: kv.value() == lease.holder.as_bytes(),
-                }),
-            },
+        let leader = match route {
+            Some(Route::Leader { origin, .. }) => Some(origin),
+            _ => None,
+        };
+        let seen = Renewal {
+            ttl: answer.ttl(),
+            keep_alive: Origin::of(answer.header()),
+            read: Origin::of(read.header()),
+            key: key.as_ref().map(|kv| KeySeen {
+                create_revision: kv.create_revision(),
+                lease: kv.lease(),
+                holder_matches: kv.value() == lease.holder.as_bytes(),
+            }),
+        };
+        tracing::debug!(
+            lease.name = lease.name,
             fence,
-            id,
-        )?;
+            ?route,
+            ?seen,
+            "etcd: renewal answered"
+        );
+        let renewed = verdict(seen, fence, id, leader)?;
+        check.judged = true;
         if renewed {
-            self.keep_stream(lease, fence, id, (keeper, stream));
+            self.keep_stream(
+                lease,
+                fence,
+                id,
+                KeepAlive {
+                    member,
+                    keeper,
+                    stream,
+                },
+            );
         }
         Ok(renewed)
     }
@@ -563,10 +794,15 @@ impl Etcd {
 
     async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let mut client = self.client.clone();
-        let granted = client
-            .lease_grant(Self::lease_ttl_secs(ttl), None)
-            .await?
-            .id();
+        // Who leads is asked (when not known) together with the grant: the
+        // keep-alive stream opens to that member. Without an answer by the
+        // time the grant is answered it opens through the balanced client,
+        // and the first renewal opens one to the leader.
+        let (granted, route) = self
+            .alongside_route(client.lease_grant(Self::lease_ttl_secs(ttl), None))
+            .await;
+        let granted = granted?.id();
+        tracing::debug!(id = granted, "etcd: granted");
         let key = self.key(name);
         let mut finished_release = false;
         let kv = loop {
@@ -582,7 +818,9 @@ impl Etcd {
             // with the transaction (one round trip for both), so that every
             // renewal is one round trip; it is dropped if the key is not
             // taken.
-            let (response, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
+            let (response, stream) =
+                tokio::join!(client.txn(txn), self.open_stream(granted, route));
+            let stream = stream.ok();
             let response = match response {
                 Ok(response) => response,
                 Err(e) => {
@@ -619,6 +857,7 @@ impl Etcd {
             // with a new fencing token, rather than re-acquire it with the
             // old one, which the late release would then end.
             finished_release = true;
+            tracing::debug!(id = kv.lease(), "etcd: finishing an unconfirmed release");
             match client.lease_revoke(kv.lease()).await {
                 Ok(_) => {}
                 Err(etcd_client::Error::GRpcStatus(s))
@@ -647,7 +886,8 @@ impl Etcd {
                 holder,
                 Some(PutOptions::new().with_lease(granted)),
             )]);
-        let (moved, stream) = tokio::join!(client.txn(txn), self.open_stream(granted));
+        let (moved, stream) = tokio::join!(client.txn(txn), self.open_stream(granted, route));
+        let stream = stream.ok();
         let moved = match moved {
             Ok(response) => response.succeeded(),
             Err(e) => {
@@ -668,6 +908,54 @@ impl Etcd {
     }
 }
 
+/// Ask every member (`clients`, one each) who leads, all at once: the first
+/// that answers naming itself, in the term of its answer. [`Route::Unlisted`]
+/// if every member answered and none leads, but one named a leader; an
+/// error if none named one (an election), or every request failed.
+async fn find_leader(clients: &[Client]) -> Result<Route, Error> {
+    let mut asked: futures_util::stream::FuturesUnordered<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(index, client)| {
+            let mut client = client.clone();
+            async move { (index, client.status().await) }
+        })
+        .collect();
+    let mut failure = None;
+    let mut members = Vec::new();
+    let mut named = Vec::new();
+    while let Some((index, answer)) = asked.next().await {
+        let status = match answer {
+            Ok(status) => status,
+            Err(e) => {
+                failure = Some(e);
+                continue;
+            }
+        };
+        let Some(origin) = Origin::of(status.header()) else {
+            continue;
+        };
+        if status.leader() != 0 && status.leader() == origin.member_id {
+            return Ok(Route::Leader { index, origin });
+        }
+        members.push(origin.member_id);
+        if status.leader() != 0 {
+            named.push(status.leader());
+        }
+    }
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    // Every member answered. A leader that is one of them but did not say
+    // so answered before it was elected: ask again, later.
+    if !named.is_empty() && named.iter().all(|leader| !members.contains(leader)) {
+        return Ok(Route::Unlisted);
+    }
+    Err(Error::Etcd(etcd_client::Error::InvalidArgs(
+        "no etcd member given to the backend said it leads (an election?)".to_owned(),
+    )))
+}
+
 /// The fencing token of the key `kv`: its `create_revision`.
 fn fence_of(kv: &KeyValue) -> Option<u64> {
     u64::try_from(kv.create_revision()).ok().filter(|&f| f > 0)
@@ -678,10 +966,10 @@ fn fence_of(kv: &KeyValue) -> Option<u64> {
 struct Renewal {
     /// The TTL the keep-alive answered (0 or less: the etcd lease is gone).
     ttl: i64,
-    /// The raft term in the keep-alive answer's header.
-    keep_alive_term: Option<u64>,
-    /// The raft term in the linearizable read's header.
-    read_term: Option<u64>,
+    /// The member and raft term in the keep-alive answer's header.
+    keep_alive: Option<Origin>,
+    /// The member and raft term in the linearizable read's header.
+    read: Option<Origin>,
     /// The key, if the read found it.
     key: Option<KeySeen>,
 }
@@ -699,18 +987,22 @@ struct KeySeen {
 /// Whether a renewal of the acquisition with fencing token `fence` and etcd
 /// lease `id` succeeded: `Ok(true)` renewed, `Ok(false)` lost, an error when
 /// the answers cannot be trusted (the engine retries until its local
-/// deadline, which this renewal does not extend).
+/// deadline, which this renewal does not extend). `leader` is the member
+/// the renewal was sent to and the term in which it said it leads, if the
+/// backend knows its members.
 ///
 /// - The keep-alive reports the etcd lease gone (TTL 0): lost.
 /// - The linearizable read does not find the key with this acquisition's
 ///   `create_revision`, holder and etcd lease (expired, released, deleted by
 ///   hand, moved to another etcd lease): lost — that read is the cluster's
 ///   state after the renewal was sent.
-/// - The two answers come from different raft terms: an error. The
-///   keep-alive may have been answered by a deposed leader that had not
-///   heard of the new term (etcd before 3.4.28 / 3.5.11 lets it, see the
-///   module docs), whose extension the new leader never sees.
-fn verdict(seen: Renewal, fence: u64, id: i64) -> Result<bool, Error> {
+/// - With a `leader`: either answer comes from another member, or from
+///   another term: an error. The member no longer leads, or never did: it
+///   may have applied the keep-alive as a deposed leader, or forwarded it
+///   to one (etcd before 3.4.28 / 3.5.11 lets a deposed leader that has not
+///   heard of the new term renew, see the type's docs).
+/// - Without one: the two answers come from different raft terms: an error.
+fn verdict(seen: Renewal, fence: u64, id: i64, leader: Option<Origin>) -> Result<bool, Error> {
     if seen.ttl <= 0 {
         return Ok(false);
     }
@@ -720,17 +1012,27 @@ fn verdict(seen: Renewal, fence: u64, id: i64) -> Result<bool, Error> {
     if !ours {
         return Ok(false);
     }
-    match (seen.keep_alive_term, seen.read_term) {
-        (Some(kept), Some(read)) if kept == read => Ok(true),
-        (Some(kept), Some(read)) => Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(
-            format!(
-                "the keep-alive was answered in raft term {kept} and the read of the key in \
-                 term {read}: a leader change may have lost the renewal"
-            ),
-        ))),
-        _ => Err(Error::Protocol(
+    let (Some(kept), Some(read)) = (seen.keep_alive, seen.read) else {
+        return Err(Error::Protocol(
             "etcd answered a renewal without a response header".to_owned(),
+        ));
+    };
+    let untrusted = |why: String| {
+        Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(
+            format!("{why}: a leader change may have lost the renewal"),
+        )))
+    };
+    match leader {
+        Some(leader) if kept != leader || read != leader => untrusted(format!(
+            "the renewal was sent to member {:x}, which led in raft term {}, and was answered \
+             by member {:x} in term {} (keep-alive) and member {:x} in term {} (read)",
+            leader.member_id, leader.term, kept.member_id, kept.term, read.member_id, read.term
         )),
+        None if kept.term != read.term => untrusted(format!(
+            "the keep-alive was answered in raft term {} and the read of the key in term {}",
+            kept.term, read.term
+        )),
+        _ => Ok(true),
     }
 }
 
@@ -815,6 +1117,7 @@ impl Backend for Etcd {
             if let Some(kv) = deleted.filter(|kv| kv.lease() != 0) {
                 // The key is gone; its etcd lease has nothing left to keep.
                 // A failed revoke only leaves it to expire.
+                tracing::debug!(id = kv.lease(), "etcd: released; revoking its etcd lease");
                 let _ = client.lease_revoke(kv.lease()).await;
             }
             Ok(())
@@ -911,11 +1214,18 @@ impl Backend for Etcd {
 mod tests {
     use super::*;
 
+    const LEADER: u64 = 0xa1;
+    const FOLLOWER: u64 = 0xf2;
+
+    fn origin(member_id: u64, term: u64) -> Option<Origin> {
+        Some(Origin { member_id, term })
+    }
+
     fn seen(keep_alive_term: u64, read_term: u64) -> Renewal {
         Renewal {
             ttl: 5,
-            keep_alive_term: Some(keep_alive_term),
-            read_term: Some(read_term),
+            keep_alive: origin(LEADER, keep_alive_term),
+            read: origin(LEADER, read_term),
             key: Some(KeySeen {
                 create_revision: 40,
                 lease: 7,
@@ -925,17 +1235,63 @@ mod tests {
     }
 
     #[test]
-    fn a_renewal_is_trusted_only_within_one_raft_term() {
-        assert!(verdict(seen(3, 3), 40, 7).unwrap());
+    fn without_members_a_renewal_is_trusted_only_within_one_raft_term() {
+        assert!(verdict(seen(3, 3), 40, 7, None).unwrap());
         // A keep-alive answered in an older term than the read (a deposed
         // leader's answer): an error, retried, neither renewed nor lost.
-        assert!(matches!(verdict(seen(3, 4), 40, 7), Err(Error::Etcd(_))));
-        assert!(matches!(verdict(seen(4, 3), 40, 7), Err(Error::Etcd(_))));
+        assert!(matches!(
+            verdict(seen(3, 4), 40, 7, None),
+            Err(Error::Etcd(_))
+        ));
+        assert!(matches!(
+            verdict(seen(4, 3), 40, 7, None),
+            Err(Error::Etcd(_))
+        ));
         let headless = Renewal {
-            read_term: None,
+            read: None,
             ..seen(3, 3)
         };
-        assert!(matches!(verdict(headless, 40, 7), Err(Error::Protocol(_))));
+        assert!(matches!(
+            verdict(headless, 40, 7, None),
+            Err(Error::Protocol(_))
+        ));
+    }
+
+    #[test]
+    fn a_renewal_is_trusted_only_from_the_member_that_leads_in_its_term() {
+        let leader = origin(LEADER, 3);
+        assert!(verdict(seen(3, 3), 40, 7, leader).unwrap());
+        // A keep-alive forwarded by a follower (the header is the
+        // follower's, in the newer term it heard of meanwhile): the check by
+        // terms alone trusts it, the check by member does not.
+        let forwarded = Renewal {
+            keep_alive: origin(FOLLOWER, 4),
+            read: origin(FOLLOWER, 4),
+            ..seen(3, 3)
+        };
+        assert!(verdict(forwarded, 40, 7, None).unwrap());
+        assert!(matches!(
+            verdict(forwarded, 40, 7, leader),
+            Err(Error::Etcd(_))
+        ));
+        // The member that led, answering in a later term (it was deposed and
+        // heard of it before filling the header): not trusted.
+        assert!(matches!(
+            verdict(seen(4, 4), 40, 7, leader),
+            Err(Error::Etcd(_))
+        ));
+        assert!(matches!(
+            verdict(seen(3, 4), 40, 7, leader),
+            Err(Error::Etcd(_))
+        ));
+        let read_elsewhere = Renewal {
+            read: origin(FOLLOWER, 3),
+            ..seen(3, 3)
+        };
+        assert!(matches!(
+            verdict(read_elsewhere, 40, 7, leader),
+            Err(Error::Etcd(_))
+        ));
     }
 
     #[test]
@@ -945,9 +1301,16 @@ mod tests {
             key: None,
             ..seen(3, 4)
         };
-        assert!(!verdict(gone, 40, 7).unwrap());
-        assert!(!verdict(seen(3, 3), 41, 7).unwrap(), "another acquisition");
-        assert!(!verdict(seen(3, 3), 40, 8).unwrap(), "another etcd lease");
+        assert!(!verdict(gone, 40, 7, None).unwrap());
+        assert!(!verdict(gone, 40, 7, origin(LEADER, 3)).unwrap());
+        assert!(
+            !verdict(seen(3, 3), 41, 7, None).unwrap(),
+            "another acquisition"
+        );
+        assert!(
+            !verdict(seen(3, 3), 40, 8, None).unwrap(),
+            "another etcd lease"
+        );
         let other_holder = Renewal {
             key: Some(KeySeen {
                 holder_matches: false,
@@ -955,12 +1318,12 @@ mod tests {
             }),
             ..seen(3, 3)
         };
-        assert!(!verdict(other_holder, 40, 7).unwrap());
+        assert!(!verdict(other_holder, 40, 7, None).unwrap());
         let expired = Renewal {
             ttl: 0,
             ..seen(3, 3)
         };
-        assert!(!verdict(expired, 40, 7).unwrap());
+        assert!(!verdict(expired, 40, 7, None).unwrap());
     }
 
     #[test]

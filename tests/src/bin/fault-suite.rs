@@ -46,6 +46,14 @@ fn main() -> std::process::ExitCode {
         let code = faults::worker::main(&args[1..]);
         return std::process::ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
+    if std::env::var_os("LEASE_FAULTS_TRACE").is_some() {
+        // The orchestrator's own events (faults injected and lifted), with
+        // the contenders' (`faults::worker::main`), on stderr.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => return usage(&format!("cannot find my own binary: {e}")),

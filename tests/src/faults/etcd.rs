@@ -492,7 +492,12 @@ impl Drop for Cluster {
         for i in 0..self.members.len() {
             self.kill(i);
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var_os("LEASE_FAULTS_TRACE").is_some() {
+            // Kept for the person reading the run: the members' logs.
+            tracing::info!(dir = %self.dir.display(), "etcd cluster directory kept");
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

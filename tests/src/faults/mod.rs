@@ -1555,8 +1555,10 @@ impl<'a> Scenario<'a> {
             }
             Fault::LeaderPause => {
                 cluster.pause(leader);
+                tracing::info!(leader, "paused the leader member");
                 tokio::time::sleep(cut).await;
                 cluster.resume(leader);
+                tracing::info!(leader, "resumed the leader member");
             }
             _ => {
                 let member = if event.variant == 0 {

@@ -155,6 +155,15 @@ pub fn main(args: &[String]) -> i32 {
             return 2;
         }
     };
+    if std::env::var_os("LEASE_FAULTS_TRACE").is_some() {
+        // For a person reading one run: the contenders' tracing on stderr,
+        // filtered by RUST_LOG (e.g. `lease=debug`).
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+        tracing::info!(pid = std::process::id(), "worker");
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
