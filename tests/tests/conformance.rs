@@ -13,7 +13,8 @@
 //! - **Fencing and expiry** ([`Caps`]). The `every` group of properties
 //!   runs on every backend; where a backend lacks one of these, the property
 //!   asserts what that backend does instead rather than skipping. Today that is `PgAdvisory`:
-//!   it has no fencing token, and no server-side expiry — a lock that nobody
+//!   it has no fencing token (unless `with_fencing`: the `pg_advisory_fenced`
+//!   subject), and no server-side expiry — a lock that nobody
 //!   renews stays held for as long as its holder's session lives, and is
 //!   taken over once that session ends ([`Subject::end_session`], used by
 //!   [`lapse`]).
@@ -1816,7 +1817,7 @@ async fn list_shows_held_and_released_leases<S: Subject>(s: &S) {
     let held = find(&kept).unwrap_or_else(|| panic!("{kept} not listed"));
     assert!(held.is_held(), "{held:?}");
     assert_eq!(held.fencing_token, kept_fence);
-    if s.caps().fencing {
+    if s.caps().leader == Naming::Holder {
         // `PgAdvisory` names the session instead of the holder.
         assert_eq!(held.holder, "holder-a");
     }
@@ -1956,12 +1957,13 @@ async fn mysql() -> Option<TableSubject<MySqlTable>> {
     Some(TableSubject::new(table, steal, TABLE_LIKE, None))
 }
 
-/// `PgAdvisory`: no fencing token and no expiry (see [`Caps`]). The only way
-/// to take an advisory lock from its holder is to end the holder's session,
-/// so `end_session` terminates it (found in `pg_locks`) from another
-/// connection, and `steal` does so once the thief's connection waits for
-/// the lock (`pg_advisory_lock`): the server hands it to the thief before
-/// anyone else can try.
+/// `PgAdvisory`: no fencing token (unless `with_fencing`) and no expiry
+/// (see [`Caps`]). The only way to take an advisory lock from its holder is
+/// to end the holder's session, so `end_session` terminates it (found in
+/// `pg_locks`) from another connection, and `steal` does so once the
+/// thief's connection waits for the lock (`pg_advisory_lock`): the server
+/// hands it to the thief before anyone else can try. With fencing, the
+/// thief then bumps the name's counter, as a fenced acquisition does.
 struct PgAdvisorySubject {
     backend: PgAdvisory,
     /// A pool of its own, to look at and terminate the backend's sessions.
@@ -2028,7 +2030,7 @@ impl Subject for PgAdvisorySubject {
 
     fn caps(&self) -> Caps {
         Caps {
-            fencing: false,
+            fencing: self.backend.fence_table().is_some(),
             expires: false,
             pushes: true,
             leader: Naming::Session,
@@ -2064,10 +2066,20 @@ impl Subject for PgAdvisorySubject {
             sleep(ms(10)).await;
         }
         self.terminate_holders(name, Some(pid)).await;
-        let conn = timeout(ms(5_000), locking)
+        let mut conn = timeout(ms(5_000), locking)
             .await
             .expect("the thief has the lock once its holder's session ended")
             .unwrap();
+        if let Some(table) = self.backend.fence_table() {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {table} AS f (name, fence) VALUES ($1, 1) \
+                 ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1"
+            )))
+            .bind(name)
+            .execute(&mut conn)
+            .await
+            .expect("the thief's fence");
+        }
         self.thieves.lock().unwrap().insert(name.to_owned(), conn);
     }
 
@@ -2094,6 +2106,22 @@ async fn pg_advisory() -> Option<PgAdvisorySubject> {
         admin,
         thieves: Default::default(),
     })
+}
+
+/// `PgAdvisory::with_fencing` on `lease_fences`: every property with
+/// fencing tokens (each test's names are its own, so the table is shared).
+async fn pg_advisory_fenced() -> Option<PgAdvisorySubject> {
+    let mut subject = pg_advisory().await?;
+    subject.backend = subject
+        .backend
+        .with_fencing("lease_fences")
+        .expect("a valid table name");
+    subject
+        .backend
+        .ensure_schema()
+        .await
+        .expect("ensure_schema");
+    Some(subject)
 }
 
 /// `Redis`, subscribed for releases (`with_pubsub`): `steal` bumps the
@@ -2504,6 +2532,12 @@ conformance!(mysql, super::mysql(), [every, many_leases, tables]);
 // No `many_leases`: PgAdvisory holds one pool connection (one server
 // session) per lease, so thousands of leases at once are not what it is for.
 conformance!(pg_advisory, super::pg_advisory(), [every]);
+// With fencing tokens: the `fenced` group too.
+conformance!(
+    pg_advisory_fenced,
+    super::pg_advisory_fenced(),
+    [every, fenced]
+);
 conformance!(redis, super::redis(), [every, many_leases]);
 // The Go locker's protocol on Redis: no fencing tokens.
 conformance!(
@@ -2519,6 +2553,11 @@ conformance!(sqlite_operating, super::sqlite(), [operating]);
 conformance!(postgres_operating, super::postgres(), [operating]);
 conformance!(mysql_operating, super::mysql(), [operating]);
 conformance!(pg_advisory_operating, super::pg_advisory(), [operating]);
+conformance!(
+    pg_advisory_fenced_operating,
+    super::pg_advisory_fenced(),
+    [operating]
+);
 conformance!(redis_operating, super::redis(), [operating]);
 conformance!(
     redis_go_locker_operating,

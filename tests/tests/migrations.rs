@@ -1,13 +1,15 @@
 //! The DDL a user of the published crate gets — `PgTable::SCHEMA`,
-//! `MySqlTable::SCHEMA`, `SqliteTable::SCHEMA`, `schema()` and
-//! `fence_migration()` — is exactly the text of the files in `migrations/`,
-//! which the README tells users to run. The files lie outside the `lease`
+//! `MySqlTable::SCHEMA`, `SqliteTable::SCHEMA`, `schema()`,
+//! `fence_migration()`, `PgAdvisory::FENCE_SCHEMA` and `fence_schema()` —
+//! is exactly the text of the files in `migrations/`, which the README
+//! tells users to run. The files lie outside the `lease`
 //! package, so this check lives in the repository's harness, not in the
 //! crate. No server is needed: the pools are lazy and never connect.
 
-use lease::backend::{MySqlTable, PgTable, SqliteTable};
+use lease::backend::{MySqlTable, PgAdvisory, PgTable, SqliteTable};
 
 const PG: &str = include_str!("../../migrations/postgres/0001_task_leases.sql");
+const PG_FENCES: &str = include_str!("../../migrations/postgres/0002_lease_fences.sql");
 const MYSQL: &str = include_str!("../../migrations/mysql/0001_task_leases.sql");
 const SQLITE: &str = include_str!("../../migrations/sqlite/0001_task_leases.sql");
 const PG_FENCE: &str = include_str!("../../migrations/from-go/postgres/0001_add_fence.sql");
@@ -20,6 +22,34 @@ fn schema_constants_are_the_migration_files() {
     assert_eq!(PgTable::SCHEMA, PG);
     assert_eq!(MySqlTable::SCHEMA, MYSQL);
     assert_eq!(SqliteTable::SCHEMA, SQLITE);
+    assert_eq!(PgAdvisory::FENCE_SCHEMA, PG_FENCES);
+}
+
+/// `PgAdvisory`'s fence table: `lease_fences` is the file; another table
+/// the same statement with its name; none without fencing.
+#[tokio::test]
+async fn the_fence_table_of_lease_fences_is_the_migration_file() -> Result {
+    let advisory = PgAdvisory::new(sqlx::PgPool::connect_lazy(
+        "postgres://unused@127.0.0.1:9/none",
+    )?);
+    assert_eq!(advisory.fence_schema(), None);
+    assert_eq!(advisory.fence_table(), None);
+    let fenced = advisory.clone().with_fencing("lease_fences")?;
+    assert_eq!(fenced.fence_table(), Some("lease_fences"));
+    assert_eq!(
+        fenced.fence_schema().map(|s| format!("{s};\n")),
+        Some(PG_FENCES.to_owned())
+    );
+    let other = advisory.with_fencing("jobs.fences")?;
+    assert_eq!(
+        other.fence_schema(),
+        Some(
+            &*PG_FENCES
+                .trim_end_matches(";\n")
+                .replace(" lease_fences ", " jobs.fences ")
+        )
+    );
+    Ok(())
 }
 
 /// The statements of a backend on the default table are the files (the

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
+use sqlx::AssertSqlSafe;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
 use tokio::runtime::{self, Handle};
@@ -72,10 +73,83 @@ const TERMINATE: &str = "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks 
      AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
      AND l.objid::int8 = ($1::int8 & 4294967295)";
 
+/// The `CREATE TABLE` of the fence table `$table`: with `"{table}"` the
+/// template of every table, with `"lease_fences"` [`PgAdvisory::FENCE_SCHEMA`].
+/// One text, so the two cannot drift apart.
+macro_rules! create_fence_table {
+    ($table:literal) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS ",
+            $table,
+            " (\n    \
+             name TEXT PRIMARY KEY,\n    \
+             fence BIGINT NOT NULL\n)"
+        )
+    };
+}
+
+/// With fencing ([`PgAdvisory::with_fencing`]), the acquisition: try the
+/// lock on the key `$1` and, only if it was granted, bump the counter of the
+/// name `$2` in the fence table, in one statement (one round trip, and no
+/// grant without its token). `lock` is `MATERIALIZED`, so the lock is tried
+/// exactly once; PostgreSQL runs a data-modifying CTE whether or not the
+/// outer query reads it, so the `WHERE granted` is what keeps a refused
+/// attempt from bumping the counter. The upsert updates the newest
+/// committed row even when it is newer than the statement's snapshot (`ON
+/// CONFLICT DO UPDATE` locks it first), so a token is always larger than
+/// every token handed out before it.
+const FENCED_ACQUIRE: &str = "WITH lock AS MATERIALIZED \
+     (SELECT pg_try_advisory_lock($1) AS granted, pg_backend_pid() AS pid), \
+     bumped AS (INSERT INTO {table} AS f (name, fence) SELECT $2, 1 FROM lock WHERE granted \
+     ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 RETURNING fence) \
+     SELECT lock.granted, lock.pid, (SELECT fence FROM bumped) FROM lock";
+
+/// With fencing, [`HOLDER`] and the name `$2`'s counter in the fence table.
+const FENCED_HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'ExclusiveLock', \
+     (SELECT f.fence FROM {table} f WHERE f.name = $2) \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
+     AND l.objid::int8 = ($1::int8 & 4294967295) \
+     ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1";
+
+/// The transaction-scoped advisory lock [`PgAdvisory::ensure_schema`] takes
+/// around its `CREATE TABLE IF NOT EXISTS` (concurrent ones can fail with a
+/// unique violation): `PgTable`'s key pair (`table/pg.rs`), so that every
+/// table this crate creates is created one at a time.
+const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
+
+/// The fence table of a backend [`with_fencing`](PgAdvisory::with_fencing),
+/// and its statements with the table's name filled in.
+#[derive(Debug)]
+struct Fencing {
+    table: Box<str>,
+    create: Box<str>,
+    acquire: Arc<str>,
+    holder: Arc<str>,
+}
+
+impl Fencing {
+    /// The statements on `table` (validated).
+    fn on(table: &str) -> Result<Self, Error> {
+        validate::table(table)?;
+        let fill = |template: &str| template.replace("{table}", table);
+        Ok(Self {
+            table: table.into(),
+            create: fill(create_fence_table!("{table}")).into(),
+            acquire: fill(FENCED_ACQUIRE).into(),
+            holder: fill(FENCED_HOLDER).into(),
+        })
+    }
+}
+
 /// Leases as PostgreSQL session-level advisory locks
 /// (`pg_try_advisory_lock`), each held on a connection of its own.
 ///
-/// No table, no migration: any PostgreSQL database will do. A lease is an
+/// No table, no migration (unless you want fencing tokens, see
+/// [`with_fencing`](PgAdvisory::with_fencing)): any PostgreSQL database
+/// will do. A lease is an
 /// exclusive advisory lock on the 64-bit key that sqlx's
 /// [`PgAdvisoryLock::new(name)`](sqlx::postgres::PgAdvisoryLock::new)
 /// derives from the lease name, so these locks exclude (and are excluded by)
@@ -112,13 +186,18 @@ const TERMINATE: &str = "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks 
 ///   server restarts — a new holder may take the lock at once while the old
 ///   one's token is not yet cancelled and its `is_valid()` is still true,
 ///   for up to `ttl/3` plus a round trip (about `2·ttl/3` if the heartbeat
-///   hangs), and there is no fencing token to stop the old holder's writes. That is the price of the fast takeover
-///   (the table backends make the next holder wait for the expiry instead);
-///   the fault suite measures it (`docs/RELIABILITY.md`). Use `PgTable` when
-///   two holders must never overlap.
-/// - **No fencing token**: [`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)
-///   is always `None`. Use a table backend (`PgTable`) if the protected
-///   resource needs one.
+///   hangs); without fencing, nothing stops the old holder's writes. That
+///   is the price of the fast takeover (the table backends make the next
+///   holder wait for the expiry instead); the fault suite measures it
+///   (`docs/RELIABILITY.md`). Use `PgTable` when two holders must never
+///   overlap, or fencing tokens checked by the resource when their writes
+///   must not.
+/// - **No fencing token by default**: [`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)
+///   is `None`. [`with_fencing`](PgAdvisory::with_fencing) gives each
+///   acquisition one — a per-name counter in a table of its own, bumped in
+///   the statement that takes the lock — strictly increasing per name
+///   across the acquisitions that were granted. It stops a stale holder's
+///   writes only where the protected resource checks it.
 /// - **One pool connection per held lock**, checked out from the
 ///   [`PgPool`] for as long as the lock is held. Size the pool for the number
 ///   of leases held at once plus the connections the rest of the program
@@ -265,6 +344,8 @@ pub struct PgAdvisory {
     /// The waiters' listener, started by the first waiter and stopped
     /// with the last clone ([`Backend::released`]).
     push: Arc<OnceLock<Push<PgSource>>>,
+    /// The fence table, if [`with_fencing`](PgAdvisory::with_fencing).
+    fencing: Option<Arc<Fencing>>,
 }
 
 /// The locks held, and the keeper of each runtime that keeps one.
@@ -287,10 +368,15 @@ impl Drop for HeldLocks {
     }
 }
 
-/// One held lock: the key, and its connection unless an operation has it out.
+/// One held lock: the key, its fencing token, and its connection unless an
+/// operation has it out.
 #[derive(Debug)]
 struct Slot {
     key: i64,
+    /// The token its acquisition returned (`None` without fencing): what an
+    /// idempotent re-acquire returns again, and what renew and release
+    /// compare.
+    fence: Option<u64>,
     /// Taken by every operation on the connection for as long as it runs,
     /// so that a release waits for a heartbeat in flight.
     turn: tokio::sync::Mutex<()>,
@@ -313,9 +399,10 @@ struct SlotState {
 }
 
 impl Slot {
-    fn new(key: i64, held: Held, runtime: runtime::Id) -> Arc<Self> {
+    fn new(key: i64, fence: Option<u64>, held: Held, runtime: runtime::Id) -> Arc<Self> {
         Arc::new(Self {
             key,
+            fence,
             turn: tokio::sync::Mutex::new(()),
             state: Mutex::new(SlotState {
                 held: Some(held),
@@ -574,6 +661,7 @@ impl PgAdvisory {
             key_of: Self::key,
             keys: Arc::default(),
             push: Arc::default(),
+            fencing: None,
         }
     }
 
@@ -657,6 +745,160 @@ impl PgAdvisory {
             .expect("BUG: PgAdvisoryLock::new always derives a key in the bigint key space")
     }
 
+    /// The DDL of the default fence table, `lease_fences`, as a migration
+    /// file: the `CREATE TABLE IF NOT EXISTS` that
+    /// [`ensure_schema`](PgAdvisory::ensure_schema) runs for
+    /// `with_fencing("lease_fences")`, then `;` and a newline — the text of
+    /// `migrations/postgres/0002_lease_fences.sql` in the repository (a test
+    /// holds them equal).
+    ///
+    /// | column | type | meaning |
+    /// |---|---|---|
+    /// | `name` | `TEXT PRIMARY KEY` | the lease name, compared byte for byte |
+    /// | `fence` | `BIGINT NOT NULL` | the last fencing token handed out for the name |
+    ///
+    /// For a table named otherwise, use [`fence_schema`](PgAdvisory::fence_schema).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use lease::backend::PgAdvisory;
+    ///
+    /// assert!(PgAdvisory::FENCE_SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS lease_fences ("));
+    /// ```
+    pub const FENCE_SCHEMA: &'static str = concat!(create_fence_table!("lease_fences"), ";\n");
+
+    /// The same backend with fencing tokens: each acquisition also bumps
+    /// the lease name's counter in the fence table `table` (`name` or
+    /// `schema.name`), in the statement that takes the lock, and returns
+    /// it as the grant's fencing token.
+    ///
+    /// The statement, with `{table}` the table:
+    ///
+    /// ```sql
+    /// WITH lock AS MATERIALIZED
+    ///   (SELECT pg_try_advisory_lock($1) AS granted, pg_backend_pid() AS pid),
+    /// bumped AS (INSERT INTO {table} AS f (name, fence) SELECT $2, 1 FROM lock WHERE granted
+    ///   ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 RETURNING fence)
+    /// SELECT lock.granted, lock.pid, (SELECT fence FROM bumped) FROM lock
+    /// ```
+    ///
+    /// with `$1` the lock's key and `$2` the lease name: one round trip, as
+    /// without fencing, plus the write of one row (a transaction id and a
+    /// WAL flush at commit) — but only when the lock was granted; a refused
+    /// attempt writes nothing. What the token guarantees:
+    ///
+    /// - **Strictly increasing per name** across the acquisitions that were
+    ///   granted, by any process that locks the name with fencing on the
+    ///   same table: the counter is bumped while the lock is held, and the
+    ///   lock is held by one session at a time. The counter is kept by the
+    ///   table (never reset by a release, a crash or
+    ///   [`force_release`](Backend::force_release)), and keyed by the lease
+    ///   name, not by the lock's key.
+    /// - **One token per acquisition**: an idempotent re-acquire (the same
+    ///   holder, the lock still held by this backend) returns the token of
+    ///   the acquisition it repeats, and heartbeats never change it. Renew
+    ///   and release compare it: an older acquisition's late release does
+    ///   not end the newer one.
+    /// - It protects the resource only if the **resource checks it**
+    ///   (rejects a write with a token smaller than one it has seen). A
+    ///   holder whose session ended while its process lives on keeps
+    ///   believing it holds until its next heartbeat (see "Takeover after the
+    ///   holder's connection dies" above); only the check stops its writes.
+    ///   Processes that lock the same key without fencing (sqlx's
+    ///   `PgAdvisoryLock`, this backend without `with_fencing`) bump nothing.
+    ///
+    /// Create the table with [`ensure_schema`](PgAdvisory::ensure_schema),
+    /// or with your migration tool from [`FENCE_SCHEMA`](PgAdvisory::FENCE_SCHEMA)
+    /// (`migrations/postgres/0002_lease_fences.sql`, for `lease_fences`) or
+    /// [`fence_schema`](PgAdvisory::fence_schema). Without the table, every
+    /// acquisition fails with [`Error::Database`] (and takes no lock).
+    /// Needs PostgreSQL 12 or later (`MATERIALIZED`).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use lease::{backend::PgAdvisory, Lease};
+    ///
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let advisory = PgAdvisory::new(pool).with_fencing("lease_fences")?;
+    /// advisory.ensure_schema().await?;
+    /// let lease = Lease::new(advisory);
+    /// if let Some(guard) = lease.try_acquire("nightly-report", Duration::from_secs(30)).await? {
+    ///     assert!(guard.fencing_token() >= Some(1));
+    ///     guard.release().await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidTable`] when `table` is not `[A-Za-z_][A-Za-z0-9_]*`
+    /// (at most 63 bytes), once or twice separated by one `.`: the name is
+    /// used unquoted (PostgreSQL folds it to lower case), so nothing else
+    /// may reach the statements.
+    pub fn with_fencing(self, table: &str) -> Result<Self, Error> {
+        Ok(Self {
+            fencing: Some(Arc::new(Fencing::on(table)?)),
+            ..self
+        })
+    }
+
+    /// The fence table, as given to [`with_fencing`](PgAdvisory::with_fencing);
+    /// `None` without fencing.
+    pub fn fence_table(&self) -> Option<&str> {
+        self.fencing.as_deref().map(|f| &*f.table)
+    }
+
+    /// The statement that creates the fence table:
+    /// `CREATE TABLE IF NOT EXISTS {table} (..)`, as
+    /// [`ensure_schema`](PgAdvisory::ensure_schema) runs it; `None` without
+    /// fencing. For `lease_fences` it is [`FENCE_SCHEMA`](PgAdvisory::FENCE_SCHEMA)
+    /// without its closing `;` and newline.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
+    /// let advisory = lease::backend::PgAdvisory::new(pool).with_fencing("jobs.fences")?;
+    /// assert!(advisory.fence_schema().unwrap().starts_with("CREATE TABLE IF NOT EXISTS jobs.fences ("));
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_schema(&self) -> Option<&str> {
+        self.fencing.as_deref().map(|f| &*f.create)
+    }
+
+    /// Creates the fence table if it does not exist; without fencing, does
+    /// nothing.
+    ///
+    /// Idempotent, and safe to call from many connections or processes at
+    /// once: the `CREATE TABLE IF NOT EXISTS` ([`fence_schema`](PgAdvisory::fence_schema))
+    /// runs in a short transaction that first takes a transaction-scoped
+    /// advisory lock (the key pair `(1818583411, 1)`, as `PgTable`'s
+    /// `ensure_schema`).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Database`] when the server cannot be reached or refuses the
+    /// statement (for example a missing schema or privilege).
+    pub async fn ensure_schema(&self) -> Result<(), Error> {
+        let Some(fencing) = self.fencing.as_deref() else {
+            return Ok(());
+        };
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+            .bind(SCHEMA_LOCK.0)
+            .bind(SCHEMA_LOCK.1)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(AssertSqlSafe(&*fencing.create))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     fn held(&self) -> MutexGuard<'_, HeldLocks> {
         // Every update of the map is a single insert or remove: a panic
         // elsewhere cannot leave it inconsistent.
@@ -721,6 +963,13 @@ impl PgAdvisory {
                 None => None,
             });
         }
+    }
+
+    /// Is `slot` the acquisition `lease`? With fencing, its token must be
+    /// the slot's; without, name and holder (the slot's key) are all there
+    /// is to compare.
+    fn is_acquisition(&self, slot: &Slot, lease: Acquisition<'_>) -> bool {
+        self.fencing.is_none() || slot.fence == lease.fencing_token
     }
 
     /// Forget `slot` for `(name, holder)` if it is still the one in the map.
@@ -825,19 +1074,47 @@ impl Backend for PgAdvisory {
         // Where the lock is kept (see `Keeper`), and its connection closed
         // if dropped outside any runtime.
         let runtime = Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        if let Some(slot) = self.slot(name, holder)
-            && self.check(name, holder, slot, ttl / 3).await
-        {
-            return Ok(Some(Grant::new(None)));
+        if let Some(slot) = self.slot(name, holder) {
+            // The token of the acquisition this repeats.
+            let fence = slot.fence;
+            if self.check(name, holder, slot, ttl / 3).await {
+                return Ok(Some(Grant::new(fence)));
+            }
         }
         let key = self.lock_key(name);
         let conn = self.pool.acquire().await?;
         let mut conn = Armed::new(conn, runtime.clone(), &self.pool);
-        let (locked, pid): (bool, i32) =
-            sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
-                .bind(key)
-                .fetch_one(conn.conn())
-                .await?;
+        let (locked, pid, fence) = match self.fencing.as_deref() {
+            None => {
+                let (locked, pid): (bool, i32) =
+                    sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                        .bind(key)
+                        .fetch_one(conn.conn())
+                        .await?;
+                (locked, pid, None)
+            }
+            // If this fails after the lock was granted (the table is
+            // missing), `conn` is closed, and the lock with it.
+            Some(fencing) => {
+                let (locked, pid, fence): (bool, i32, Option<i64>) =
+                    sqlx::query_as(AssertSqlSafe(fencing.acquire.clone()))
+                        .bind(key)
+                        .bind(name)
+                        .fetch_one(conn.conn())
+                        .await?;
+                let fence = match (locked, fence.map(u64::try_from)) {
+                    (false, _) => None,
+                    (true, Some(Ok(fence))) => Some(fence),
+                    (true, other) => {
+                        return Err(Error::Protocol(format!(
+                            "the fence table {} gave {name:?} the fencing token {other:?}",
+                            fencing.table
+                        )));
+                    }
+                };
+                (locked, pid, fence)
+            }
+        };
         if !locked {
             // Clean: it took no lock. Back to the pool.
             drop(conn.disarm());
@@ -845,7 +1122,7 @@ impl Backend for PgAdvisory {
         }
         // Kept by this runtime until a heartbeat runs on another: when it
         // shuts down, the connection is closed.
-        let slot = Slot::new(key, Held { conn, pid }, runtime.id());
+        let slot = Slot::new(key, fence, Held { conn, pid }, runtime.id());
         let k = (name.to_owned(), holder.to_owned());
         let Ok(stale) = self.keep(&slot, &runtime, Some(k)) else {
             // The runtime is shutting down: the lock goes with its connection.
@@ -863,36 +1140,48 @@ impl Backend for PgAdvisory {
             holder,
             pid,
             key,
+            fence,
             "advisory lock acquired"
         );
-        Ok(Some(Grant::new(None)))
+        Ok(Some(Grant::new(fence)))
     }
 
     /// The heartbeat: `Ok(true)` iff the holding connection still holds the
     /// lock (checked in `pg_locks`). Never `Err`: a failure on the connection
     /// means the lock is gone (the connection is closed) and answers `Ok(false)`.
     ///
-    /// Advisory locks have no fencing token: the acquisition is the lock
-    /// held by this backend for `(name, holder)`, on its own connection.
+    /// The acquisition is the lock held by this backend for `(name,
+    /// holder)`, on its own connection; with fencing, only if its token is
+    /// `lease.fencing_token` too (an older acquisition's renewal answers
+    /// `Ok(false)` and leaves the newer one alone). Without fencing the
+    /// token is not compared.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         validate::call(lease.name, lease.holder, ttl)?;
         let (name, holder) = (lease.name, lease.holder);
         match self.slot(name, holder) {
-            Some(slot) => Ok(self.check(name, holder, slot, ttl / 3).await),
-            None => Ok(false),
+            Some(slot) if self.is_acquisition(&slot, lease) => {
+                Ok(self.check(name, holder, slot, ttl / 3).await)
+            }
+            _ => Ok(false),
         }
     }
 
     /// `pg_advisory_unlock` on the holding connection, which goes back to the
-    /// pool only if the unlock succeeded; otherwise it is closed.
+    /// pool only if the unlock succeeded; otherwise it is closed. With
+    /// fencing, a release whose token is not the held acquisition's (a late
+    /// release of an older one) does nothing.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let (name, holder) = (lease.name, lease.holder);
-        let Some(slot) = self
-            .held()
-            .slots
-            .remove(&(name.to_owned(), holder.to_owned()))
-        else {
+        let slot = {
+            let mut held = self.held();
+            let k = (name.to_owned(), holder.to_owned());
+            match held.slots.get(&k) {
+                Some(slot) if self.is_acquisition(slot, lease) => held.slots.remove(&k),
+                _ => None,
+            }
+        };
+        let Some(slot) = slot else {
             return Ok(());
         };
         // Waits for a heartbeat in flight on this connection.
@@ -941,14 +1230,29 @@ impl Backend for PgAdvisory {
     ///   and a shared lock on the key gets ` (shared)` after it;
     /// - `expires_in` is [`Duration::MAX`]: the lock has no expiry, it is
     ///   held until it is unlocked or its session ends;
-    /// - `fencing_token` is `None`.
+    /// - `fencing_token` is `None` without fencing; with it, the name's
+    ///   counter in the fence table, read in the same query: the token of
+    ///   the holder's acquisition when it locked with fencing (a session
+    ///   that locked the key another way bumped nothing, and shows the
+    ///   token of the last fenced acquisition).
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         crate::validate::name(name)?;
-        let row: Option<(i32, Option<String>, bool)> = sqlx::query_as(HOLDER)
-            .bind(self.lock_key(name))
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|(pid, application, exclusive)| {
+        let key = self.lock_key(name);
+        let row: Option<(i32, Option<String>, bool, Option<i64>)> = match self.fencing.as_deref() {
+            None => sqlx::query_as::<_, (i32, Option<String>, bool)>(HOLDER)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await?
+                .map(|(pid, application, exclusive)| (pid, application, exclusive, None)),
+            Some(fencing) => {
+                sqlx::query_as(AssertSqlSafe(fencing.holder.clone()))
+                    .bind(key)
+                    .bind(name)
+                    .fetch_optional(&self.pool)
+                    .await?
+            }
+        };
+        Ok(row.map(|(pid, application, exclusive, fence)| {
             let mut holder = match application.filter(|a| !a.is_empty()) {
                 Some(application) => format!("{application} (pid {pid})"),
                 None => format!("pid {pid}"),
@@ -956,7 +1260,8 @@ impl Backend for PgAdvisory {
             if !exclusive {
                 holder.push_str(" (shared)");
             }
-            LeaseInfo::new(name, holder, Some(Duration::MAX), None)
+            let fence = fence.and_then(|f| u64::try_from(f).ok());
+            LeaseInfo::new(name, holder, Some(Duration::MAX), fence)
         }))
     }
 
@@ -970,27 +1275,32 @@ impl Backend for PgAdvisory {
     ///   `#` and its key in decimal (`#-5188171837425302540`). Look a
     ///   known name up with [`inspect`](Backend::inspect).
     /// - Only held locks: an advisory lock leaves nothing once unlocked.
-    /// - `holder`, `expires_in` and `fencing_token` as [`inspect`](Backend::inspect)
-    ///   answers them (the session, [`Duration::MAX`], `None`); shared
-    ///   locks and the two-`int4` key space are left out.
+    /// - `holder` and `expires_in` as [`inspect`](Backend::inspect)
+    ///   answers them (the session, [`Duration::MAX`]); `fencing_token` is
+    ///   `None` without fencing, and with it the token of the acquisitions
+    ///   of this backend value (others: `None`, as their names are not
+    ///   known); shared locks and the two-`int4` key space are left out.
     async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
         let rows: Vec<(i64, i32, Option<String>)> =
             sqlx::query_as(LOCKS).fetch_all(&self.pool).await?;
-        let names: HashMap<i64, String> = self
+        let names: HashMap<i64, (String, Option<u64>)> = self
             .held()
             .slots
             .iter()
-            .map(|((name, _), slot)| (slot.key, name.clone()))
+            .map(|((name, _), slot)| (slot.key, (name.clone(), slot.fence)))
             .collect();
         Ok(rows
             .into_iter()
             .map(|(key, pid, application)| {
-                let name = names.get(&key).cloned().unwrap_or(format!("#{key}"));
+                let (name, fence) = names
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or((format!("#{key}"), None));
                 let holder = match application.filter(|a| !a.is_empty()) {
                     Some(application) => format!("{application} (pid {pid})"),
                     None => format!("pid {pid}"),
                 };
-                LeaseInfo::new(name, holder, Some(Duration::MAX), None)
+                LeaseInfo::new(name, holder, Some(Duration::MAX), fence)
             })
             .collect())
     }
@@ -1006,7 +1316,8 @@ impl Backend for PgAdvisory {
     ///
     /// Needs PostgreSQL 14 or later, and a user allowed to end the session:
     /// the same role, a member of `pg_signal_backend`, or a superuser;
-    /// otherwise [`Error::Database`]. There is no fencing counter to keep.
+    /// otherwise [`Error::Database`]. With fencing, the name's counter is
+    /// kept: the next acquisition gets a larger token.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {
         crate::validate::name(name)?;
         let ended: Vec<bool> = sqlx::query_scalar(TERMINATE)

@@ -42,7 +42,7 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgTable, Redis};
+use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis};
 use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
@@ -92,6 +92,9 @@ pub enum BackendKind {
     MySqlTable,
     /// `PgAdvisory` on a private PostgreSQL.
     PgAdvisory,
+    /// `PgAdvisory::with_fencing` (the table `lease_fences`) on a private
+    /// PostgreSQL.
+    PgAdvisoryFenced,
     /// `Redis` on a private Redis.
     Redis,
     /// `Redis::cluster` on a private Redis Cluster: 3 masters, each with
@@ -103,10 +106,11 @@ pub enum BackendKind {
 
 impl BackendKind {
     /// Every backend, in report order.
-    pub const ALL: [BackendKind; 6] = [
+    pub const ALL: [BackendKind; 7] = [
         BackendKind::PgTable,
         BackendKind::MySqlTable,
         BackendKind::PgAdvisory,
+        BackendKind::PgAdvisoryFenced,
         BackendKind::Redis,
         BackendKind::RedisCluster,
         BackendKind::Etcd,
@@ -118,6 +122,7 @@ impl BackendKind {
             BackendKind::PgTable => "pg-table",
             BackendKind::MySqlTable => "mysql-table",
             BackendKind::PgAdvisory => "pg-advisory",
+            BackendKind::PgAdvisoryFenced => "pg-advisory-fenced",
             BackendKind::Redis => "redis",
             BackendKind::RedisCluster => "redis-cluster",
             BackendKind::Etcd => "etcd",
@@ -130,6 +135,7 @@ impl BackendKind {
             BackendKind::PgTable => "PgTable",
             BackendKind::MySqlTable => "MySqlTable (MariaDB)",
             BackendKind::PgAdvisory => "PgAdvisory",
+            BackendKind::PgAdvisoryFenced => "PgAdvisory (fenced)",
             BackendKind::Redis => "Redis",
             BackendKind::RedisCluster => "Redis (Cluster)",
             BackendKind::Etcd => "Etcd (3 members)",
@@ -139,6 +145,20 @@ impl BackendKind {
     /// Does it hand out fencing tokens?
     pub fn fenced(self) -> bool {
         self != BackendKind::PgAdvisory
+    }
+
+    /// Is it `PgAdvisory` (with fencing or without): a session advisory
+    /// lock, which ends with its session and has no expiry?
+    pub fn advisory(self) -> bool {
+        matches!(
+            self,
+            BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced
+        )
+    }
+
+    /// Does it run on the private PostgreSQL?
+    pub fn postgres(self) -> bool {
+        self == BackendKind::PgTable || self.advisory()
     }
 
     /// The faults that apply to this backend, in report order.
@@ -153,8 +173,10 @@ impl BackendKind {
             .into_iter()
             .filter(|f| match f {
                 // No lease to steal without ending the session (that is
-                // `conn-kill`), no fence to match a late release against.
-                Fault::Steal | Fault::LateRelease => self.fenced(),
+                // `conn-kill`); without fencing, no fence to match a late
+                // release against (with fencing, the same faults as
+                // without, to compare the two).
+                Fault::Steal | Fault::LateRelease => !self.advisory(),
                 // The backend that promises to replace a silent connection;
                 // see `docs/RELIABILITY.md` for the others.
                 Fault::BlackHoleConn => matches!(self, BackendKind::Redis | BackendKind::Etcd),
@@ -316,7 +338,7 @@ impl Fault {
             // The promoted replica may not have the lock.
             Fault::MasterKill => true,
             // The session *is* the lock: when it ends, the lock is free.
-            Fault::ConnKill | Fault::Reset | Fault::Restart => backend == BackendKind::PgAdvisory,
+            Fault::ConnKill | Fault::Reset | Fault::Restart => backend.advisory(),
             _ => false,
         }
     }
@@ -446,7 +468,7 @@ impl Config {
     pub fn takeover_bound(&self, backend: BackendKind) -> Duration {
         match backend {
             // The lock ends with the session: one heartbeat at most.
-            BackendKind::PgAdvisory => self.ttl / 3 + self.slack,
+            BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced => self.ttl / 3 + self.slack,
             BackendKind::Etcd => self.etcd_takeover_bound(),
             _ => self.ttl + self.ttl / 3 + self.slack,
         }
@@ -745,12 +767,19 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
     let unavailable = RunError::Unavailable;
     let wants = |b: BackendKind| config.backends.contains(&b);
     let mut servers = Servers::default();
-    if wants(BackendKind::PgTable) || wants(BackendKind::PgAdvisory) {
+    if config.backends.iter().any(|b| b.postgres()) {
         let pg = PrivateServer::postgres().await.map_err(unavailable)?;
         let pool = sqlx::PgPool::connect(&pg.url())
             .await
             .map_err(|e| unavailable(e.to_string()))?;
         PgTable::new(pool.clone())
+            .ensure_schema()
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
+        // On the private server, which goes with the run.
+        PgAdvisory::new(pool.clone())
+            .with_fencing(worker::FENCE_TABLE)
+            .map_err(|e| unavailable(e.to_string()))?
             .ensure_schema()
             .await
             .map_err(|e| unavailable(e.to_string()))?;
@@ -847,9 +876,10 @@ async fn run_with(config: &Config, checker: &Checker, prefix: &str) -> Result<Re
         }
         {
             let target = match (backend, fault) {
-                (BackendKind::PgTable | BackendKind::PgAdvisory, _) => {
-                    servers.pg.as_mut().map(Target::Server)
-                }
+                (
+                    BackendKind::PgTable | BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced,
+                    _,
+                ) => servers.pg.as_mut().map(Target::Server),
                 (BackendKind::MySqlTable, _) => servers.mariadb.as_mut().map(Target::Server),
                 (BackendKind::Redis, Fault::RestartNoPersistence) => {
                     servers.redis_volatile.as_mut().map(Target::Server)
@@ -1010,7 +1040,7 @@ fn executes_on(backend: BackendKind, name: &str, bytes: &[u8]) -> bool {
 /// ever reaching the server.
 fn executes(backend: BackendKind, bytes: &[u8]) -> bool {
     match backend {
-        BackendKind::PgTable | BackendKind::PgAdvisory => {
+        BackendKind::PgTable | BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced => {
             // Messages: a type byte and a length (big-endian, counting itself).
             let mut at = 0;
             while at + 5 <= bytes.len() {
@@ -1781,7 +1811,7 @@ impl<'a> Scenario<'a> {
             // proxy instead, a TCP RST to both ends.
             BackendKind::Etcd if breaks::on("kill-nothing") => 0,
             BackendKind::Etcd => self.proxies[slot].reset(),
-            BackendKind::PgTable | BackendKind::PgAdvisory => {
+            BackendKind::PgTable | BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced => {
                 let mut conn = sqlx::PgConnection::connect(&self.server()?.url())
                     .await
                     .map_err(|e| err(&e))?;
@@ -1981,7 +2011,9 @@ impl<'a> Scenario<'a> {
                     .map_err(|e| err(&e))?;
                 u64::try_from(deleted).unwrap_or(0)
             }
-            BackendKind::PgAdvisory => return Err("no steal for advisory locks".to_owned()),
+            BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced => {
+                return Err("no steal for advisory locks".to_owned());
+            }
             BackendKind::RedisCluster => return Err("no steal on the Redis Cluster".to_owned()),
             // Revoke the key's etcd lease (etcd deletes the key with it):
             // deleting only the key would leave the holder's keep-alives
@@ -2408,7 +2440,13 @@ fn analyse(
                     r.short_pauses += 1;
                     continue;
                 }
-                if section.wake_write_accepted == Some(true) {
+                // An advisory lock outlives the pause with its session: the
+                // woken holder may still hold the lock, and its fence still
+                // be the newest, so its write is rightly accepted. What must
+                // hold there is that no write with a fence older than one
+                // already written is accepted: the stale-fence count,
+                // required of every fenced backend.
+                if section.wake_write_accepted == Some(true) && !backend.advisory() {
                     r.failures.push(
                         "the woken holder's write with its old fence was accepted".to_owned(),
                     );
@@ -2417,7 +2455,7 @@ fn analyse(
                 if takeover.is_some_and(|t| e.t + t < lifted) {
                     r.taken_during_pause += 1;
                 }
-                if backend != BackendKind::PgAdvisory {
+                if !backend.advisory() {
                     match takeover.filter(|&t| e.t + t < lifted) {
                         Some(t) if dur(t) <= config.takeover_bound(backend) => {}
                         Some(t) => r.failures.push(format!(

@@ -226,7 +226,7 @@ impl Report {
         } else {
             "n/a — no fencing token".to_owned()
         };
-        let takeover = if r.fault == Fault::Stop && r.backend == BackendKind::PgAdvisory {
+        let takeover = if r.fault == Fault::Stop && r.backend.advisory() {
             format!(
                 "taken during the pause {}/{} pauses of 2.5 ttl (the stopped session keeps the lock); \
                  {} ms after the stop (max), once the woken holder released",

@@ -247,6 +247,34 @@ fn a_woken_holder_that_still_believes_is_a_failure() {
     assert!(all.contains("old fence was accepted"), "{all}");
 }
 
+/// A stopped `PgAdvisory` holder keeps its lock with its session: its
+/// write with its fence after waking is not stale by itself (the fenced
+/// resource decides, and the stale-fence count checks it).
+#[test]
+fn a_woken_advisory_holder_may_write_with_its_fence() {
+    let mut s = section("a", 1, 0, Some(100));
+    s.t_end = Some(3_000_000);
+    s.wake_t = Some(2_600_000);
+    s.wake_valid = Some(false);
+    s.wake_cancel_us = Some(0);
+    s.wake_write_accepted = Some(true);
+    let mut event = kill_event("a", 50);
+    event.t_lifted = Some(2_600_000);
+    let fenced = run_on(
+        BackendKind::PgAdvisoryFenced,
+        Fault::Stop,
+        &[],
+        &[event.clone()],
+        &[s.clone()],
+        &[],
+    );
+    let all = fenced.failures.join("; ");
+    assert!(!all.contains("old fence"), "{all}");
+    let table = run(Fault::Stop, &[], &[event], &[s], &[]);
+    let all = table.failures.join("; ");
+    assert!(all.contains("old fence was accepted"), "{all}");
+}
+
 #[test]
 fn a_slow_takeover_after_a_kill_is_a_failure() {
     let mut killed = section("a", 1, 0, Some(10));

@@ -59,6 +59,10 @@ use super::breaks::{self, Broken, LateDeadline, Raw};
 use super::checker::{Checker, SectionEnd};
 use super::{BackendKind, monotonic_us};
 
+/// The fence table of `pg-advisory-fenced`, on the private PostgreSQL
+/// (created with the lease table when the run starts).
+pub(crate) const FENCE_TABLE: &str = "lease_fences";
+
 /// Everything a worker needs, from its command line.
 #[derive(Debug, Clone)]
 struct Args {
@@ -232,7 +236,7 @@ fn contender(backend: impl Backend, raw: Raw, holder: &str) -> Contender {
 async fn lease(args: &Args) -> Result<Contender, String> {
     let err = |e: sqlx::Error| e.to_string();
     Ok(match args.backend {
-        BackendKind::PgTable | BackendKind::PgAdvisory => {
+        BackendKind::PgTable | BackendKind::PgAdvisory | BackendKind::PgAdvisoryFenced => {
             let options = PgConnectOptions::from_str(&args.url)
                 .map_err(err)?
                 .application_name(&args.holder);
@@ -242,10 +246,16 @@ async fn lease(args: &Args) -> Result<Contender, String> {
                 .test_before_acquire(args.pool_ping)
                 .connect_lazy_with(options);
             let raw = Raw::Pg(pool.clone());
-            if args.backend == BackendKind::PgTable {
-                contender(PgTable::new(pool), raw, &args.holder)
-            } else {
-                contender(PgAdvisory::new(pool), raw, &args.holder)
+            match args.backend {
+                BackendKind::PgTable => contender(PgTable::new(pool), raw, &args.holder),
+                BackendKind::PgAdvisory => contender(PgAdvisory::new(pool), raw, &args.holder),
+                _ => contender(
+                    PgAdvisory::new(pool)
+                        .with_fencing(FENCE_TABLE)
+                        .map_err(|e| e.to_string())?,
+                    raw,
+                    &args.holder,
+                ),
             }
         }
         BackendKind::MySqlTable => {

@@ -1,0 +1,4 @@
+CREATE TABLE IF NOT EXISTS lease_fences (
+    name TEXT PRIMARY KEY,
+    fence BIGINT NOT NULL
+);
