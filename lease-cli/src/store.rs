@@ -212,11 +212,10 @@ impl Store {
                 let opened = async {
                     // `connect_with`, not `new`: renewals go to the member
                     // that leads (see the `Etcd` docs).
-                    let backend = connect_within(timeout, "connect", async {
-                        Ok(Etcd::connect_with(endpoints, options).await?)
-                    })
-                    .await?
-                    .with_timeout(timeout);
+                    let backend =
+                        connect_within(timeout, "connect", Etcd::connect_with(endpoints, options))
+                            .await?
+                            .with_timeout(timeout);
                     match prefix {
                         Some(prefix) => backend.with_prefix(prefix),
                         None => Ok(backend),
