@@ -130,10 +130,12 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 /// do not include the leader (a single endpoint in front of the cluster, a
 /// proxy), cannot tell which member answers: it sends renewals through the
 /// balanced client and checks only that both answers come from one raft
-/// term. That check misses the follower above (it measured one overlap of
-/// 121 ms in ten `leader-pause` injections, docs/RELIABILITY.md): on such
-/// set-ups run etcd 3.4.28 / 3.5.11 or later, which refuse a renewal on a
-/// member that no longer leads, or rely on the fencing token.
+/// term. That check misses the follower above: on such set-ups run etcd
+/// 3.4.28 / 3.5.11 or later, which refuse a renewal on a member that no
+/// longer leads, or rely on the fencing token.
+///
+/// None of this helps against the deposed leader's *revocations* (see
+/// [Faults](#faults)): those come from the server.
 ///
 /// Every call (all its round trips together) is bounded by the backend's
 /// [timeout](Etcd::with_timeout) (default 5 s), after which it fails with
@@ -176,8 +178,21 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///   cancelled, as after a revocation. Another holder may acquire in
 ///   between; the fencing token tells them apart.
 /// - **A leader is paused or cut off and resumes** believing it still
-///   leads: see [Renewal](#renewal-and-a-deposed-leader); such a renewal
-///   fails, and is retried to the member that leads now.
+///   leads: a renewal it answers fails (see
+///   [Renewal](#renewal-and-a-deposed-leader)), and is retried to the
+///   member that leads now. But **it may revoke held leases**: on
+///   resuming, its lessor still counts every lease from the last keep-alive
+///   *it* saw, finds those of a pause longer than their TTL expired, and
+///   proposes their revocation, which the new leader commits — although
+///   the holder renewed them through the new leader, and that renewal was
+///   sound (etcd issue #15247; the check that etcd 3.4.28 / 3.5.11 added
+///   narrows it but does not close it: measured on 3.4.23 and on 3.5.16).
+///   For the holder it is a revocation like an operator's (below): the key
+///   is gone at once, another contender may acquire it, and the holder
+///   learns at its next renewal (within `ttl/3` and a round trip) and its
+///   token is cancelled. **Until then both believe they hold the lease**;
+///   only the fencing token tells their writes apart. No client can
+///   prevent it; docs/RELIABILITY.md measures it (`leader-pause`).
 /// - **The leader changes**: the first renewal sent to the old leader
 ///   fails (another member or term answers); its retry asks who leads and
 ///   opens a keep-alive stream there.

@@ -22,6 +22,11 @@
 //! selects them; `--election FAULT` (repeatable) chooses others, `--no-elections`
 //! none, `--elections-only` only them.
 //!
+//! `LEASE_FAULTS_TRACE=1` writes the orchestrator's and the contenders'
+//! tracing to stderr (filtered by `RUST_LOG`, e.g. `lease=debug,lease_tests=info`)
+//! and keeps the etcd cluster's directory, with its members' logs: for a
+//! person reading one run, not for the report.
+//!
 //! `LEASE_FAULTS_BREAK=<word>,...` breaks the run on purpose, to show that
 //! a check can fail (see `tests/src/faults/breaks.rs`); the report says so.
 
