@@ -552,10 +552,8 @@ impl Etcd {
 
     /// The member index and the client that requests on `route` go through.
     fn client_for(&self, route: Option<Route>) -> (Option<usize>, Client) {
-        match (route, &self.members) {
-            (Some(Route::Leader { index, .. }), Some(members)) => {
-                (Some(index), members.clients[index].clone())
-            }
+        match (member_of(route), &self.members) {
+            (Some(index), Some(members)) => (Some(index), members.clients[index].clone()),
             _ => (None, self.client.clone()),
         }
     }
@@ -586,7 +584,6 @@ impl Etcd {
     /// if it was found by the time `call` is done.
     async fn alongside_route<T>(&self, call: impl Future<Output = T>) -> (T, Option<Route>) {
         let route = self.route();
-        let call = call;
         tokio::pin!(route, call);
         let mut found = None;
         let mut finding = true;
@@ -612,7 +609,7 @@ impl Etcd {
         id: i64,
         route: Option<Route>,
     ) -> Option<KeepAlive> {
-        let member = self.client_for(route).0;
+        let member = member_of(route);
         self.leases()
             .get_mut(&entry(lease.name, lease.holder, fence))
             .filter(|held| held.id == id && !held.releasing)
@@ -920,6 +917,14 @@ impl Etcd {
         }
         self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
         Ok(Some(Grant::new(Some(fence))))
+    }
+}
+
+/// The member a renewal on `route` goes to, `None` through the balanced client.
+fn member_of(route: Option<Route>) -> Option<usize> {
+    match route {
+        Some(Route::Leader { index, .. }) => Some(index),
+        _ => None,
     }
 }
 

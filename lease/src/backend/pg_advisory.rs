@@ -41,16 +41,26 @@ pub(crate) const CHANNEL: &str = "lease_advisory";
 const UNLOCK: &str = "SELECT CASE WHEN pg_advisory_unlock($1) \
      THEN (SELECT true FROM pg_notify('lease_advisory', $1::text)) ELSE false END";
 
+/// The query of [`HOLDER`], with `$columns` after its own.
+macro_rules! holder_query {
+    ($columns:literal) => {
+        concat!(
+            "SELECT l.pid, a.application_name::text, l.mode = 'ExclusiveLock'",
+            $columns,
+            " FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
+             AND l.objid::int8 = ($1::int8 & 4294967295) \
+             ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1"
+        )
+    };
+}
+
 /// The session holding the key `$1` in this database, if any (an exclusive
 /// lock first, then a shared one): its pid and `application_name` (NULL
 /// when this user may not see it).
-const HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'ExclusiveLock' \
-     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-     AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
-     AND l.objid::int8 = ($1::int8 & 4294967295) \
-     ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1";
+const HOLDER: &str = holder_query!("");
 
 /// Every exclusive advisory lock on a bigint key in this database, by key:
 /// the key (rebuilt from `classid`, its high 32 bits, and `objid`, its low
@@ -105,20 +115,7 @@ const FENCED_ACQUIRE: &str = "WITH lock AS MATERIALIZED \
      SELECT lock.granted, lock.pid, (SELECT fence FROM bumped) FROM lock";
 
 /// With fencing, [`HOLDER`] and the name `$2`'s counter in the fence table.
-const FENCED_HOLDER: &str = "SELECT l.pid, a.application_name::text, l.mode = 'ExclusiveLock', \
-     (SELECT f.fence FROM {table} f WHERE f.name = $2) \
-     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-     AND l.classid::int8 = (($1::int8 >> 32) & 4294967295) \
-     AND l.objid::int8 = ($1::int8 & 4294967295) \
-     ORDER BY l.mode = 'ExclusiveLock' DESC, l.pid LIMIT 1";
-
-/// The transaction-scoped advisory lock [`PgAdvisory::ensure_schema`] takes
-/// around its `CREATE TABLE IF NOT EXISTS` (concurrent ones can fail with a
-/// unique violation): `PgTable`'s key pair (`table/pg.rs`), so that every
-/// table this crate creates is created one at a time.
-const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
+const FENCED_HOLDER: &str = holder_query!(", (SELECT f.fence FROM {table} f WHERE f.name = $2)");
 
 /// The fence table of a backend [`with_fencing`](PgAdvisory::with_fencing),
 /// and its statements with the table's name filled in.
@@ -886,16 +883,9 @@ impl PgAdvisory {
         let Some(fencing) = self.fencing.as_deref() else {
             return Ok(());
         };
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-            .bind(SCHEMA_LOCK.0)
-            .bind(SCHEMA_LOCK.1)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(AssertSqlSafe(&*fencing.create))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
+        // One at a time with `PgTable`'s (concurrent `CREATE TABLE IF NOT
+        // EXISTS` can fail with a unique violation).
+        crate::backend::table::pg::create_one_at_a_time(&self.pool, &fencing.create).await?;
         Ok(())
     }
 

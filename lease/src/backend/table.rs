@@ -104,7 +104,7 @@ macro_rules! plain_create {
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
-mod pg;
+pub(crate) mod pg;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 

@@ -181,6 +181,23 @@ const INSPECT: &str = "SELECT a.attname::text, t.typname::text, a.atttypmod, a.a
 /// `"leas"` in ASCII.
 const SCHEMA_LOCK: (i32, i32) = (0x6c65_6173, 1);
 
+/// Run `create` (a `CREATE TABLE IF NOT EXISTS`) in a transaction holding
+/// [`SCHEMA_LOCK`]: every table this crate creates on PostgreSQL (the lease
+/// table, `PgAdvisory`'s fence table) is created one at a time.
+pub(crate) async fn create_one_at_a_time(
+    pool: &sqlx::PgPool,
+    create: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+        .bind(SCHEMA_LOCK.0)
+        .bind(SCHEMA_LOCK.1)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(AssertSqlSafe(create)).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
 /// Leases stored in a PostgreSQL table, one row per lease name; the server's
 /// clock decides expiry, and every acquisition gets a fencing token.
 ///
@@ -353,16 +370,7 @@ impl sealed::Calls for PgDialect {
     }
 
     async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
-        let mut tx = t.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-            .bind(SCHEMA_LOCK.0)
-            .bind(SCHEMA_LOCK.1)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(AssertSqlSafe(t.create.clone()))
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await
+        create_one_at_a_time(&t.pool, &t.create).await
     }
 
     numbered_calls!();
