@@ -279,6 +279,22 @@ pub trait Backend: Send + Sync + 'static {
         let _ = name;
         tokio::time::sleep(poll)
     }
+
+    /// A hint for the engine, asked once per acquisition just after it was
+    /// granted: `Some(future)` that resolves when the backend learns that
+    /// `lease` may have been lost — the holding session's end, say —
+    /// sooner than the next renewal would. The engine then renews `lease`
+    /// at once, and that renewal decides: a spurious hint costs one
+    /// renewal, and a lease is never given up on a hint alone.
+    ///
+    /// The default answers `None`: the renewals, every `ttl/3`, are all
+    /// there is. `PgAdvisory` watches the connection that holds the lock
+    /// (see its docs, "Prompt loss"). The future is dropped once the lease
+    /// has ended; it must not keep anything of the lease alive.
+    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let _ = lease;
+        None::<std::future::Pending<()>>
+    }
 }
 
 /// What a backend knows about a lease ([`Backend::inspect`], [`Backend::list`]).
@@ -440,6 +456,10 @@ impl<B: Backend> Backend for Arc<B> {
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         B::released(self, name, poll)
     }
+
+    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        B::lost(self, lease)
+    }
 }
 
 /// Object-safe mirror of [`Backend`], so that [`Lease`](crate::Lease) need not be generic.
@@ -468,6 +488,7 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
     #[allow(dead_code)]
     fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()>;
+    fn lost(&self, lease: Acquisition<'_>) -> Option<BoxFuture<'static, ()>>;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -513,5 +534,9 @@ impl<B: Backend> DynBackend for B {
 
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()> {
         Box::pin(Backend::released(self, name, poll))
+    }
+
+    fn lost(&self, lease: Acquisition<'_>) -> Option<BoxFuture<'static, ()>> {
+        Backend::lost(self, lease).map(|f| Box::pin(f) as BoxFuture<'static, ()>)
     }
 }

@@ -119,6 +119,9 @@ struct Timing {
     failures: u32,
     /// A renewal of this lease is in flight.
     in_flight: bool,
+    /// The backend hinted a loss while a renewal was in flight: renew again
+    /// as soon as it answers ([`Engine::renew_now`]).
+    recheck: bool,
     /// Release the lease at this instant unless released earlier (`min_hold`).
     release_at: Option<Instant>,
 }
@@ -352,6 +355,9 @@ impl Engine {
             Err(_) => return Err(timed_out),
         };
         let entry = self.hold(reservation, ttl, grant, sent, max_hold);
+        if let Some(lost) = self.backend.lost(entry.acquisition(&self.holder)) {
+            self.heed(&entry, lost);
+        }
         if entry.timing().deadline.passed(Stamp::now()) {
             tracing::warn!(
                 lease.name = %entry.name,
@@ -389,6 +395,7 @@ impl Engine {
                 next_renew,
                 failures: 0,
                 in_flight: false,
+                recheck: false,
                 release_at: None,
             }),
         });
@@ -408,6 +415,52 @@ impl Engine {
             self.wake.notify_one();
         }
         entry
+    }
+
+    /// Heed the backend's hint that `entry` may be lost ([`Backend::lost`]):
+    /// a task that waits for it, or for the lease to end, and then has the
+    /// scheduler renew the lease at once — the renewal decides.
+    ///
+    /// [`Backend::lost`]: crate::Backend::lost
+    fn heed(
+        self: &Arc<Self>,
+        entry: &Arc<Entry>,
+        lost: futures_util::future::BoxFuture<'static, ()>,
+    ) {
+        let engine = Arc::downgrade(self);
+        let watched = entry.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                () = watched.cancel.cancelled() => {}
+                () = lost => {
+                    if let Some(engine) = engine.upgrade() {
+                        engine.renew_now(&watched);
+                    }
+                }
+            }
+        });
+    }
+
+    /// Renew `entry` now (a hint of its loss): at once, or as soon as the
+    /// renewal in flight answers.
+    fn renew_now(&self, entry: &Entry) {
+        let mut t = entry.timing();
+        if t.state != State::Live {
+            return;
+        }
+        if t.in_flight {
+            t.recheck = true;
+            return;
+        }
+        t.next_renew = Instant::now();
+        drop(t);
+        tracing::debug!(
+            lease.name = %entry.name,
+            holder = %self.holder,
+            "the backend says the lease may be lost; renewing it now"
+        );
+        self.wake.notify_one();
     }
 
     /// Stop renewing `entry` and cancel its token; the name becomes `Busy`

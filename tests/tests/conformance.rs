@@ -2108,6 +2108,14 @@ async fn pg_advisory() -> Option<PgAdvisorySubject> {
     })
 }
 
+/// `PgAdvisory::with_watch(false)`: the holding connections are plain pool
+/// connections, not watched; a lost session is noticed by the heartbeat.
+async fn pg_advisory_unwatched() -> Option<PgAdvisorySubject> {
+    let mut subject = pg_advisory().await?;
+    subject.backend = subject.backend.with_watch(false);
+    Some(subject)
+}
+
 /// `PgAdvisory::with_fencing` on `lease_fences`: every property with
 /// fencing tokens (each test's names are its own, so the table is shared).
 async fn pg_advisory_fenced() -> Option<PgAdvisorySubject> {
@@ -2532,6 +2540,12 @@ conformance!(mysql, super::mysql(), [every, many_leases, tables]);
 // No `many_leases`: PgAdvisory holds one pool connection (one server
 // session) per lease, so thousands of leases at once are not what it is for.
 conformance!(pg_advisory, super::pg_advisory(), [every]);
+// Without the watch of the holding connection (the plain connection path).
+conformance!(
+    pg_advisory_unwatched,
+    super::pg_advisory_unwatched(),
+    [every]
+);
 // With fencing tokens: the `fenced` group too.
 conformance!(
     pg_advisory_fenced,

@@ -207,6 +207,67 @@ async fn pg_terminated_connection_cancels_token_and_frees_lock() {
     takeover.release().await.expect("release");
 }
 
+/// How long after `pg_terminate_backend` of its session the holder's token
+/// is cancelled, with a ttl whose heartbeat (every 10 s) is far off.
+async fn pg_cancelled_after_terminate(backend: PgAdvisory, observer: &PgPool) -> Option<Duration> {
+    let pod = Lease::with_holder(backend, "pod-a");
+    let name = unique("pg-watch");
+    let ttl = ms(30_000);
+    let guard = pod
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let pids = pg_lockers(observer, &name).await;
+    let [pid] = pids[..] else {
+        panic!("expected one session holding the lock, found {pids:?}")
+    };
+    let killed = Instant::now();
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    let noticed = tokio::time::timeout(ms(3000), guard.token().cancelled())
+        .await
+        .ok()
+        .map(|()| killed.elapsed());
+    if noticed.is_some() {
+        assert!(!guard.is_valid());
+    }
+    // Unwatched and not yet noticed, the unlock fails on the dead session.
+    let _ = guard.release().await;
+    noticed
+}
+
+/// The watch (the default): the end of the holding session reaches the
+/// holder when it happens — its token is cancelled long before the next
+/// heartbeat (10 s away). Unwatched, only the heartbeat can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_watched_session_end_cancels_the_token_at_once() {
+    let Some(pool) = lease_tests::postgres().await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let watched = pg_cancelled_after_terminate(PgAdvisory::new(pool.clone()), &observer).await;
+    let unwatched =
+        pg_cancelled_after_terminate(PgAdvisory::new(pool).with_watch(false), &observer).await;
+    println!(
+        "token cancelled after pg_terminate_backend: watched {watched:?}, unwatched {unwatched:?}"
+    );
+    assert!(
+        watched.is_some(),
+        "watched: the token was not cancelled within 3 s of the session's end"
+    );
+    assert!(
+        unwatched.is_none(),
+        "unwatched: the token was cancelled before the heartbeat ({unwatched:?})"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_no_expiry_while_the_session_lives() {
     let Some(pool) = lease_tests::postgres().await else {
@@ -407,8 +468,10 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     );
     drop(conn);
 
-    // Unlock fails (the session was terminated): the connection is closed, not pooled.
-    let guard = pod_a
+    // Unlock fails (the session was terminated, and nothing watched it):
+    // the connection is closed, not pooled.
+    let pod_u = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(false), "pod-u");
+    let guard = pod_u
         .try_acquire(&name, ttl)
         .await
         .expect("acquire")
@@ -442,6 +505,34 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     );
     drop(conn);
     assert!(pg_lockers(&observer, &name).await.is_empty());
+
+    // Watched (the default), the session's end is noticed before any
+    // release: the token is cancelled, the release has nothing left to do,
+    // and the dead connection is not pooled either.
+    let guard = pod_a
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let [pid] = pg_lockers(&observer, &name).await[..] else {
+        panic!("one holder expected")
+    };
+    let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&observer)
+        .await
+        .expect("terminate");
+    assert!(
+        cancelled_within(&guard, ms(3000)).await.is_some(),
+        "the watch cancels the token"
+    );
+    guard.release().await.expect("release after a noticed loss");
+    let mut conn = pool.acquire().await.expect("fresh connection");
+    let new_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("pid");
+    assert_ne!(new_pid, pid, "a dead watched connection must not be pooled");
 }
 
 /// A pool of connections to PostgreSQL through a proxy that delays every

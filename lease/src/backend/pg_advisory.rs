@@ -4,11 +4,12 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgAdvisoryLock, PgConnection, PgPool, Postgres};
+use sqlx::postgres::{PgAdvisoryLock, PgListener, PgPool, Postgres};
 use tokio::runtime::{self, Handle};
 use tokio_util::sync::CancellationToken;
 
@@ -343,6 +344,8 @@ pub struct PgAdvisory {
     push: Arc<OnceLock<Push<PgSource>>>,
     /// The fence table, if [`with_fencing`](PgAdvisory::with_fencing).
     fencing: Option<Arc<Fencing>>,
+    /// Watch each holding connection ([`with_watch`](PgAdvisory::with_watch)).
+    watch: bool,
 }
 
 /// The locks held, and the keeper of each runtime that keeps one.
@@ -393,6 +396,18 @@ struct SlotState {
     /// The runtime that keeps it: the runtime of its last successful acquire
     /// or heartbeat. When that runtime shuts down, its [`Keeper`] ends it.
     runtime: runtime::Id,
+    /// The tasks watching the connection ([`PgAdvisory::watch`]): woken when
+    /// it is put back (an operation's reads took the socket's wake-up from
+    /// them) or the slot ends.
+    watchers: Vec<Waker>,
+}
+
+impl SlotState {
+    fn wake_watchers(&mut self) {
+        for w in self.watchers.drain(..) {
+            w.wake();
+        }
+    }
 }
 
 impl Slot {
@@ -405,6 +420,7 @@ impl Slot {
                 held: Some(held),
                 ended: false,
                 runtime,
+                watchers: Vec::new(),
             }),
         })
     }
@@ -433,6 +449,7 @@ impl Slot {
             return Err(held);
         }
         state.held = Some(held);
+        state.wake_watchers();
         Ok(state.runtime)
     }
 
@@ -442,6 +459,7 @@ impl Slot {
     fn end(&self) -> Option<Held> {
         let mut state = self.state();
         state.ended = true;
+        state.wake_watchers();
         state.held.take()
     }
 }
@@ -533,17 +551,55 @@ struct Held {
     pid: i32,
 }
 
-/// A pool connection that is closed — never returned to the pool — when
+/// The connection of a lock: a plain pool connection, or one taken through a
+/// [`PgListener`], whose socket can be watched while it is idle
+/// ([`PgAdvisory::with_watch`]).
+enum Conn {
+    Plain(PoolConnection<Postgres>),
+    Watched(Box<PgListener>),
+}
+
+/// Try the lock on the key `key` (with fencing, and bump the counter of
+/// `name` if granted): whether it was granted, the session's pid, the token.
+async fn try_lock<'c>(
+    e: impl sqlx::PgExecutor<'c>,
+    fencing: Option<&Fencing>,
+    key: i64,
+    name: &str,
+) -> std::result::Result<(bool, i32, Option<i64>), sqlx::Error> {
+    match fencing {
+        None => {
+            let (locked, pid): (bool, i32) =
+                sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                    .bind(key)
+                    .fetch_one(e)
+                    .await?;
+            Ok((locked, pid, None))
+        }
+        Some(fencing) => {
+            sqlx::query_as(AssertSqlSafe(fencing.acquire.clone()))
+                .bind(key)
+                .bind(name)
+                .fetch_one(e)
+                .await
+        }
+    }
+}
+
+/// A lock's connection that is closed — never returned to the pool — when
 /// dropped, unless [`disarm`](Armed::disarm)ed. The drop never blocks and
 /// never panics, inside a runtime or not.
 struct Armed {
-    conn: Option<PoolConnection<Postgres>>,
+    conn: Option<Conn>,
     /// The runtime it was acquired on: to close it on when dropped outside
     /// any runtime (if that runtime is gone too, its socket is dropped at once).
     runtime: Handle,
     /// The pool keeps `min_connections`: sqlx's drop of a pool connection
     /// then always spawns a task, and panics where it cannot.
     spawns_on_drop: bool,
+    /// The watch saw the session end, and the listener let its connection
+    /// go: there is nothing left to close.
+    gone: bool,
 }
 
 impl std::fmt::Debug for Armed {
@@ -553,22 +609,46 @@ impl std::fmt::Debug for Armed {
 }
 
 impl Armed {
-    fn new(conn: PoolConnection<Postgres>, runtime: Handle, pool: &PgPool) -> Self {
+    fn new(conn: Conn, runtime: Handle, pool: &PgPool) -> Self {
         Self {
             conn: Some(conn),
             runtime,
             spawns_on_drop: pool.options().get_min_connections() > 0,
+            gone: false,
         }
     }
 
-    fn conn(&mut self) -> &mut PgConnection {
+    fn conn(&mut self) -> &mut Conn {
         self.conn
             .as_mut()
             .expect("BUG: armed connection already taken")
     }
 
-    /// The connection, to be returned to the pool when dropped.
-    fn disarm(mut self) -> PoolConnection<Postgres> {
+    /// Run `sql`, which takes the key `$1` and answers one boolean.
+    async fn query_bool(&mut self, sql: &'static str, key: i64) -> Result<bool, sqlx::Error> {
+        let query = sqlx::query_scalar::<_, bool>(sql).bind(key);
+        match self.conn() {
+            Conn::Plain(conn) => query.fetch_one(&mut **conn).await,
+            Conn::Watched(listener) => query.fetch_one(&mut **listener).await,
+        }
+    }
+
+    /// [`try_lock`] on this connection.
+    async fn try_lock(
+        &mut self,
+        fencing: Option<&Fencing>,
+        key: i64,
+        name: &str,
+    ) -> Result<(bool, i32, Option<i64>), sqlx::Error> {
+        match self.conn() {
+            Conn::Plain(conn) => try_lock(&mut **conn, fencing, key, name).await,
+            Conn::Watched(listener) => try_lock(&mut **listener, fencing, key, name).await,
+        }
+    }
+
+    /// The connection, to be returned to the pool when dropped (a watched
+    /// one after `UNLISTEN *`, which sqlx's listener sends).
+    fn disarm(mut self) -> Conn {
         self.conn
             .take()
             .expect("BUG: armed connection already taken")
@@ -577,8 +657,10 @@ impl Armed {
 
 impl Drop for Armed {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            close(conn, &self.runtime, self.spawns_on_drop);
+        match self.conn.take() {
+            Some(Conn::Plain(conn)) => close(conn, &self.runtime, self.spawns_on_drop),
+            Some(Conn::Watched(listener)) => close_watched(listener, &self.runtime, self.gone),
+            None => {}
         }
     }
 }
@@ -606,37 +688,176 @@ fn close(mut conn: PoolConnection<Postgres>, runtime: &Handle, spawns_on_drop: b
         // right here.
         Err(_) if !spawns_on_drop => drop(conn.detach()),
         // Otherwise on a thread of its own.
-        Err(_) => {
-            let conn = Unclosed(Some(conn));
-            let runtime = runtime.clone();
-            let started = std::thread::Builder::new()
-                .name("lease-pg-close".to_owned())
-                .spawn(move || {
-                    let mut conn = conn;
-                    if let Some(conn) = conn.0.take() {
-                        close(conn, &runtime, spawns_on_drop);
-                    }
-                });
-            if let Err(e) = started {
-                tracing::error!(
-                    error = %e,
-                    "could not start a thread to close an advisory lock's connection; \
-                     it stays open until the process exits"
-                );
+        Err(_) => on_a_thread(conn, runtime.clone(), move |conn, runtime| {
+            close(conn, &runtime, spawns_on_drop);
+        }),
+    }
+}
+
+/// How long ending a watched connection's session may take before its
+/// listener is let go anyway.
+const END_SESSION_LIMIT: Duration = Duration::from_secs(5);
+
+/// Close a watched connection. sqlx's listener always returns its
+/// connection to the pool when dropped (after `UNLISTEN *`), and a lock's
+/// connection must not go back with its lock: so its session ends itself
+/// first (`pg_terminate_backend(pg_backend_pid())`, which frees the lock
+/// whatever state the connection was left in), and the pool's test of a
+/// returned connection then discards it. In a task, on the runtime it was
+/// acquired on when this runs outside any (entered, so that the listener's
+/// own drop finds it), or on a thread of its own while this thread's
+/// storage is torn down. A runtime that is shutting down drops the task at
+/// once, and the socket with it. `gone`: the session has ended already.
+fn close_watched(listener: Box<PgListener>, runtime: &Handle, gone: bool) {
+    let task = async move {
+        let mut listener = listener;
+        if !gone {
+            let end = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+                .execute(&mut *listener);
+            let _ = tokio::time::timeout(END_SESSION_LIMIT, end).await;
+        }
+        drop(listener);
+    };
+    match Handle::try_current() {
+        Ok(here) => drop(here.spawn(task)),
+        Err(e) if !e.is_thread_local_destroyed() => {
+            let _entered = runtime.enter();
+            drop(runtime.spawn(task));
+        }
+        Err(_) => on_a_thread(task, runtime.clone(), |task, runtime| {
+            let _entered = runtime.enter();
+            drop(runtime.spawn(task));
+        }),
+    }
+}
+
+/// Run `f(value, runtime)` on a thread of its own: for what cannot be
+/// dropped where this thread's storage is being torn down. If the thread
+/// never starts, `value` is leaked rather than dropped here.
+fn on_a_thread<T: Send + 'static>(
+    value: T,
+    runtime: Handle,
+    f: impl FnOnce(T, Handle) + Send + 'static,
+) {
+    let value = Unclosed(Some(value));
+    let started = std::thread::Builder::new()
+        .name("lease-pg-close".to_owned())
+        .spawn(move || {
+            let mut value = value;
+            if let Some(value) = value.0.take() {
+                f(value, runtime);
             }
+        });
+    if let Err(e) = started {
+        tracing::error!(
+            error = %e,
+            "could not start a thread to close an advisory lock's connection; \
+             it stays open until the process exits"
+        );
+    }
+}
+
+/// What is on its way to a thread that closes it: if the thread never
+/// starts, it is leaked rather than dropped where dropping it panics.
+struct Unclosed<T>(Option<T>);
+
+impl<T> Drop for Unclosed<T> {
+    fn drop(&mut self) {
+        if let Some(value) = self.0.take() {
+            std::mem::forget(value);
         }
     }
 }
 
-/// A connection on its way to a thread that closes it: if the thread never
-/// starts, it is leaked rather than dropped where dropping it panics.
-struct Unclosed(Option<PoolConnection<Postgres>>);
-
-impl Drop for Unclosed {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.take() {
-            std::mem::forget(conn);
+/// Resolves when the session of `slot`'s watched connection ends (the
+/// server's termination, the socket closed or reset), or the slot ends
+/// (released, lost, or its runtime shut down): [`Backend::lost`].
+///
+/// It reads the idle connection the way sqlx's listener waits for a
+/// notification — one poll of `try_recv` at a time, dropped again, which
+/// sqlx keeps cancel-safe — under the slot's lock, so never while an
+/// operation has the connection out; the operation wakes it when it puts
+/// the connection back ([`Slot::put_back`]), since its reads took the
+/// socket's wake-up. A session that ended is closed at once and the slot
+/// ended, so the engine's renewal that follows answers `false`.
+fn watch(
+    slot: Weak<Slot>,
+    name: String,
+    holder: String,
+) -> impl Future<Output = ()> + Send + 'static {
+    std::future::poll_fn(move |cx| {
+        let Some(slot) = slot.upgrade() else {
+            return Poll::Ready(());
+        };
+        let mut state = slot.state();
+        if state.ended {
+            return Poll::Ready(());
         }
+        let ended = match state.held.as_mut() {
+            Some(held) => match &mut held.conn.conn {
+                Some(Conn::Watched(listener)) => match poll_session(listener, cx) {
+                    Poll::Ready(why) => Some((why, held.pid)),
+                    Poll::Pending => None,
+                },
+                // Not watched (a clone `with_watch(false)` took it).
+                _ => None,
+            },
+            // An operation has it out; it wakes this when it puts it back.
+            None => None,
+        };
+        let Some((why, pid)) = ended else {
+            if !state.watchers.iter().any(|w| w.will_wake(cx.waker())) {
+                state.watchers.push(cx.waker().clone());
+            }
+            return Poll::Pending;
+        };
+        state.ended = true;
+        state.wake_watchers();
+        let mut held = state.held.take();
+        drop(state);
+        if let Some(held) = &mut held {
+            held.conn.gone = why.gone;
+        }
+        tracing::debug!(
+            lease.name = name,
+            holder,
+            pid,
+            "advisory lock lost: {}; closing its connection",
+            why.what
+        );
+        drop(held);
+        Poll::Ready(())
+    })
+}
+
+/// Why a watched session ended.
+struct SessionEnd {
+    what: String,
+    /// The listener let its connection go already.
+    gone: bool,
+}
+
+/// One look at a watched, idle connection: `Ready` once its session has
+/// ended. Nothing is sent on it; a notification (nothing `LISTEN`s on a
+/// lock's connection) is read and ignored.
+fn poll_session(listener: &mut PgListener, cx: &mut std::task::Context<'_>) -> Poll<SessionEnd> {
+    loop {
+        let polled = {
+            let recv = std::pin::pin!(listener.try_recv());
+            recv.poll(cx)
+        };
+        return match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(Some(_))) => continue,
+            Poll::Ready(Ok(None)) => Poll::Ready(SessionEnd {
+                what: "the server closed its connection".to_owned(),
+                gone: true,
+            }),
+            Poll::Ready(Err(e)) => Poll::Ready(SessionEnd {
+                what: format!("its connection failed: {}", Error::from(e).chain()),
+                gone: false,
+            }),
+        };
     }
 }
 
@@ -659,7 +880,20 @@ impl PgAdvisory {
             keys: Arc::default(),
             push: Arc::default(),
             fencing: None,
+            watch: true,
         }
+    }
+
+    /// The same backend, watching the connection of each held lock (`true`,
+    /// the default) or not (`false`); see [Prompt loss](PgAdvisory#prompt-loss).
+    ///
+    /// Unwatched, a lost session is noticed at the next heartbeat (within
+    /// `ttl/3`), and the acquisition takes a plain pool connection: one
+    /// statement fewer per acquisition attempt and release (the `UNLISTEN
+    /// *` a watched connection sends on its way back to the pool).
+    pub fn with_watch(mut self, watch: bool) -> Self {
+        self.watch = watch;
+        self
     }
 
     /// The same backend, with `key` deriving the advisory-lock key of each
@@ -1002,9 +1236,7 @@ impl PgAdvisory {
             self.forget(name, holder, slot);
             return false;
         };
-        let check = sqlx::query_scalar::<_, bool>(HEARTBEAT)
-            .bind(slot.key)
-            .fetch_one(held.conn.conn());
+        let check = held.conn.query_bool(HEARTBEAT, slot.key);
         let why = match tokio::time::timeout(limit, check).await {
             Ok(Ok(true)) => match slot.put_back(held) {
                 Ok(kept_by) => match Handle::try_current() {
@@ -1072,37 +1304,30 @@ impl Backend for PgAdvisory {
             }
         }
         let key = self.lock_key(name);
-        let conn = self.pool.acquire().await?;
+        let conn = if self.watch {
+            let mut listener = PgListener::connect_with(&self.pool).await?;
+            // Its socket is read only by the watch, which must see the
+            // session's end rather than a new connection, and ignores the
+            // pool's closing (the held connection keeps the pool open, as a
+            // plain one does).
+            listener.eager_reconnect(false);
+            listener.ignore_pool_close_event(true);
+            Conn::Watched(Box::new(listener))
+        } else {
+            Conn::Plain(self.pool.acquire().await?)
+        };
         let mut conn = Armed::new(conn, runtime.clone(), &self.pool);
-        let (locked, pid, fence) = match self.fencing.as_deref() {
-            None => {
-                let (locked, pid): (bool, i32) =
-                    sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
-                        .bind(key)
-                        .fetch_one(conn.conn())
-                        .await?;
-                (locked, pid, None)
-            }
-            // If this fails after the lock was granted (the table is
-            // missing), `conn` is closed, and the lock with it.
-            Some(fencing) => {
-                let (locked, pid, fence): (bool, i32, Option<i64>) =
-                    sqlx::query_as(AssertSqlSafe(fencing.acquire.clone()))
-                        .bind(key)
-                        .bind(name)
-                        .fetch_one(conn.conn())
-                        .await?;
-                let fence = match (locked, fence.map(u64::try_from)) {
-                    (false, _) => None,
-                    (true, Some(Ok(fence))) => Some(fence),
-                    (true, other) => {
-                        return Err(Error::Protocol(format!(
-                            "the fence table {} gave {name:?} the fencing token {other:?}",
-                            fencing.table
-                        )));
-                    }
-                };
-                (locked, pid, fence)
+        // If this fails after the lock was granted (the fence table is
+        // missing), `conn` is closed, and the lock with it.
+        let (locked, pid, fence) = conn.try_lock(self.fencing.as_deref(), key, name).await?;
+        let fence = match (&self.fencing, locked, fence.map(u64::try_from)) {
+            (None, _, _) | (_, false, _) => None,
+            (Some(_), true, Some(Ok(fence))) => Some(fence),
+            (Some(fencing), true, other) => {
+                return Err(Error::Protocol(format!(
+                    "the fence table {} gave {name:?} the fencing token {other:?}",
+                    fencing.table
+                )));
             }
         };
         if !locked {
@@ -1181,10 +1406,7 @@ impl Backend for PgAdvisory {
             return Ok(());
         };
         // If this future is dropped now, `held` closes the connection.
-        let unlocked = sqlx::query_scalar::<_, bool>(UNLOCK)
-            .bind(slot.key)
-            .fetch_one(held.conn.conn())
-            .await?;
+        let unlocked = held.conn.query_bool(UNLOCK, slot.key).await?;
         if unlocked {
             drop(held.conn.disarm());
             tracing::debug!(
@@ -1332,6 +1554,24 @@ impl Backend for PgAdvisory {
                 })
             })
             .released(self.lock_key(name).to_string(), poll)
+    }
+
+    /// With the watch on (the default), resolves when the session holding
+    /// the lock ends — the server's termination message, or the socket
+    /// closed or reset — about when it happens; see [Prompt
+    /// loss](PgAdvisory#prompt-loss). `None` [`with_watch(false)`](PgAdvisory::with_watch).
+    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        if !self.watch {
+            return None;
+        }
+        let slot = self
+            .slot(lease.name, lease.holder)
+            .filter(|slot| self.is_acquisition(slot, lease))?;
+        Some(watch(
+            Arc::downgrade(&slot),
+            lease.name.to_owned(),
+            lease.holder.to_owned(),
+        ))
     }
 }
 

@@ -261,6 +261,7 @@ impl Scheduler {
         for (i, entry) in sent.entries.iter().enumerate() {
             let mut t = entry.timing();
             t.in_flight = false;
+            let recheck = std::mem::take(&mut t.recheck);
             if t.state != State::Live {
                 continue;
             }
@@ -282,7 +283,12 @@ impl Scheduler {
             match outcome {
                 Ok(true) => {
                     t.deadline.extend(sent.sent, entry.ttl);
-                    t.next_renew = sent.sent.mono + renew_period(entry.ttl);
+                    // A hint of loss came while it was in flight: once more.
+                    t.next_renew = if recheck {
+                        now.mono
+                    } else {
+                        sent.sent.mono + renew_period(entry.ttl)
+                    };
                     t.failures = 0;
                     tracing::trace!(lease.name = %entry.name, holder, "lease renewed");
                 }

@@ -981,3 +981,86 @@ async fn a_hanging_release_with_a_long_ttl_times_out_after_30_s() {
     let releases = backend.times(t_release, |c| matches!(c, Call::Release(_)));
     assert_eq!(releases, [Duration::ZERO]);
 }
+
+/// A [`Scripted`] backend that also hints losses ([`Backend::lost`]): each
+/// acquisition's hint resolves when [`Hinted::hint`] is called.
+#[derive(Debug, Clone, Default)]
+struct Hinted {
+    inner: Scripted,
+    fire: Arc<tokio::sync::Notify>,
+}
+
+impl Hinted {
+    fn hint(&self) {
+        self.fire.notify_waiters();
+    }
+}
+
+impl Backend for Hinted {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        self.inner.acquire(name, holder, ttl).await
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        self.inner.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.inner.release(lease).await
+    }
+
+    fn lost(&self, _lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let fire = self.fire.clone();
+        Some(async move { fire.notified().await })
+    }
+}
+
+/// A hint of loss makes the engine renew at once, and the renewal decides:
+/// `false` cancels the token then, not at the next renewal a period later.
+#[tokio::test(start_paused = true)]
+async fn a_hint_of_loss_renews_at_once_and_the_renewal_decides() {
+    let backend = Hinted {
+        inner: Scripted::new([Step::Answer(false)], Step::Answer(true)),
+        ..Hinted::default()
+    };
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(200)).await;
+    backend.hint();
+    tokio::time::timeout(ms(1), guard.token().cancelled())
+        .await
+        .expect("cancelled by the renewal the hint asked for");
+    let renews = backend
+        .inner
+        .times(t0, |c| matches!(c, Call::Renew(_) | Call::RenewMany(_)));
+    assert_eq!(renews, [ms(200)]);
+    assert!(!guard.is_valid());
+}
+
+/// A spurious hint costs one renewal: the lease stays, and the next renewal
+/// comes a period after that one.
+#[tokio::test(start_paused = true)]
+async fn a_spurious_hint_costs_one_renewal() {
+    let backend = Hinted {
+        inner: Scripted::new([], Step::Answer(true)),
+        ..Hinted::default()
+    };
+    let lease = Lease::with_holder(backend.clone(), "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    sleep(ms(200)).await;
+    backend.hint();
+    sleep(ms(1500)).await;
+    assert!(guard.is_valid());
+    let renews = backend
+        .inner
+        .times(t0, |c| matches!(c, Call::Renew(_) | Call::RenewMany(_)));
+    assert_eq!(renews, [ms(200), ms(200) + PERIOD]);
+    guard.release().await.unwrap();
+}
