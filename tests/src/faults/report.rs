@@ -218,6 +218,12 @@ impl Report {
         } else {
             overlaps
         };
+        let overlaps = match c.overlap_bound(r.fault, r.backend) {
+            bound if revocation && bound != c.cancel_bound() => {
+                format!("{overlaps} (≤ {})", ms(bound))
+            }
+            _ => overlaps,
+        };
         let stale = if r.backend.fenced() {
             format!(
                 "{} (of {} accepted, {} rejected)",
@@ -260,6 +266,10 @@ impl Report {
                 }
                 Fault::RestartNoPersistence => String::new(),
                 Fault::MasterKill => String::new(),
+                // Counted from the pause, bounded from the resumption.
+                Fault::LeaderPause if r.revocation() => {
+                    format!(" (≤ the pause + {})", ms(c.cancel_bound()))
+                }
                 f if f.revokes(r.backend) => format!(" (≤ {})", ms(c.cancel_bound())),
                 _ => String::new(),
             };
