@@ -148,7 +148,14 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
         .fetch_one(sqlite.pool())
         .await?;
     let mut no_counter = Counter::None;
-    let wanted = |label: &str| options.only.is_empty() || options.only.iter().any(|o| o == label);
+    // `--only PgAdvisory` takes its variants too ("PgAdvisory (fenced)").
+    let wanted = |label: &str| {
+        options.only.is_empty()
+            || options
+                .only
+                .iter()
+                .any(|o| o == label || label.starts_with(&format!("{o} (")))
+    };
     let clusters = Clusters::start(wanted("Etcd"), wanted("RedisCluster")).await?;
     let mut etcd_counter = Counter::None;
     let mut cluster_counter = Counter::None;
@@ -168,7 +175,25 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             Which::Redis,
         ),
         (
-            Target::PgAdvisory(PgAdvisory::new(advisory_pool.clone()), advisory_pool),
+            Target::PgAdvisory(
+                PgAdvisory::new(advisory_pool.clone()),
+                advisory_pool.clone(),
+            ),
+            Which::PgAdvisory,
+        ),
+        // What the watch and fencing cost: the overhead section only.
+        (
+            Target::PgAdvisory(
+                PgAdvisory::new(advisory_pool.clone()).with_watch(false),
+                advisory_pool.clone(),
+            ),
+            Which::PgAdvisory,
+        ),
+        (
+            Target::PgAdvisory(
+                servers::pg_advisory_fenced(&advisory_pool).await?,
+                advisory_pool,
+            ),
             Which::PgAdvisory,
         ),
     ];
@@ -206,8 +231,13 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             label,
             ..Results::default()
         };
-        let section =
-            |s: &str| options.sections.is_empty() || options.sections.iter().any(|x| x == s);
+        // A variant of a backend (`PgAdvisory (fenced)`) runs the round
+        // trips and the overhead only: what it costs against its own floor.
+        let variant = label.contains(" (");
+        let section = |s: &str| {
+            (options.sections.is_empty() || options.sections.iter().any(|x| x == s))
+                && (!variant || s == "overhead" || s == "rt")
+        };
         if section("rt") {
             eprintln!("== {label}: round trips");
             r.round_trips =

@@ -416,6 +416,15 @@ pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, B
     Ok(table)
 }
 
+/// `PgAdvisory::with_fencing` on `lease_fences`, the table created.
+pub(crate) async fn pg_advisory_fenced(
+    pool: &PgPool,
+) -> Result<lease::backend::PgAdvisory, BoxError> {
+    let backend = lease::backend::PgAdvisory::new(pool.clone()).with_fencing("lease_fences")?;
+    backend.ensure_schema().await?;
+    Ok(backend)
+}
+
 /// MariaDB: switch `userstat` on, and return the benchmark pool as user
 /// `lease_bench` on the database `test`, with its counter (a monitor as `root`).
 pub(crate) async fn mysql(server: &PrivateServer) -> Result<(MySqlPool, Counter), BoxError> {

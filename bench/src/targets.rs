@@ -79,6 +79,13 @@ impl redis::aio::ConnectionLike for RedisConn {
     }
 }
 
+/// `PgAdvisory::with_fencing`'s acquisition, `{table}` its fence table.
+const ADVISORY_FENCED_ACQUIRE: &str = "WITH lock AS MATERIALIZED \
+     (SELECT pg_try_advisory_lock($1) AS granted, pg_backend_pid() AS pid), \
+     bumped AS (INSERT INTO {table} AS f (name, fence) SELECT $2, 1 FROM lock WHERE granted \
+     ON CONFLICT (name) DO UPDATE SET fence = f.fence + 1 RETURNING fence) \
+     SELECT lock.granted, lock.pid, (SELECT fence FROM bumped) FROM lock";
+
 const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at, fence) \
      SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond', 1 \
      WHERE NOT EXISTS (SELECT 1 FROM task_leases \
@@ -186,6 +193,8 @@ impl Target {
             Target::MySql(_) => "MySqlTable",
             Target::Sqlite(_) => "SqliteTable",
             Target::Redis(..) => "Redis",
+            Target::PgAdvisory(b, _) if b.fence_table().is_some() => "PgAdvisory (fenced)",
+            Target::PgAdvisory(b, _) if !b.watches() => "PgAdvisory (unwatched)",
             Target::PgAdvisory(..) => "PgAdvisory",
             Target::Etcd(_) => "Etcd",
             Target::RedisCluster(..) => "RedisCluster",
@@ -367,11 +376,27 @@ impl Target {
                 // backend keeps its keys too: `PgAdvisory::lock_key`).
                 let key = b.lock_key(name);
                 let mut conn = pool.acquire().await?;
-                let (locked, _pid): (bool, i32) =
-                    sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                let locked = match b.fence_table() {
+                    None => {
+                        let (locked, _pid): (bool, i32) =
+                            sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                                .bind(key)
+                                .fetch_one(&mut *conn)
+                                .await?;
+                        locked
+                    }
+                    // The fenced acquisition's statement (`PgAdvisory::with_fencing`).
+                    Some(table) => {
+                        let (locked, _pid, _fence): (bool, i32, Option<i64>) = sqlx::query_as(
+                            sqlx::AssertSqlSafe(ADVISORY_FENCED_ACQUIRE.replace("{table}", table)),
+                        )
                         .bind(key)
+                        .bind(name)
                         .fetch_one(&mut *conn)
                         .await?;
+                        locked
+                    }
+                };
                 if locked {
                     let _: bool = sqlx::query_scalar(ADVISORY_UNLOCK)
                         .bind(key)

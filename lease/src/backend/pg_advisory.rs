@@ -173,23 +173,21 @@ impl Fencing {
 ///   resumes its token may already have been cancelled by the local deadline.
 /// - **Takeover after the holder's connection dies**, not after `ttl`: as
 ///   soon as the session ends (for example `pg_terminate_backend`), the lock
-///   is free for the next `try_acquire`; the old holder's next heartbeat fails
-///   and cancels its token. When the end of the session reaches the holder
-///   (the server's termination message, a reset), that is within `ttl/3`
-///   plus one round trip; when it does not (the connection hangs, a black
-///   hole), the heartbeat waits out its own timeout of `ttl/3` first, so
-///   about `2·ttl/3`.
-///   **Until then both believe they hold the lease**: when the session ends
-///   while its process lives on — the connection is killed or reset, the
-///   server restarts — a new holder may take the lock at once while the old
-///   one's token is not yet cancelled and its `is_valid()` is still true,
-///   for up to `ttl/3` plus a round trip (about `2·ttl/3` if the heartbeat
-///   hangs); without fencing, nothing stops the old holder's writes. That
-///   is the price of the fast takeover (the table backends make the next
-///   holder wait for the expiry instead); the fault suite measures it
-///   (`docs/RELIABILITY.md`). Use `PgTable` when two holders must never
-///   overlap, or fencing tokens checked by the resource when their writes
-///   must not.
+///   is free for the next `try_acquire`. The old holder learns of it when
+///   the end of the session reaches it: the backend watches each holding
+///   connection ([Prompt loss](#prompt-loss)), so the server's termination
+///   message or a reset cancels the token within milliseconds. **For those
+///   milliseconds both believe they hold the lease** (the fault suite
+///   measured at most a few, `docs/RELIABILITY.md`); without fencing,
+///   nothing stops the old holder's writes. When the end does not reach
+///   the holder (the connection hangs, a black hole), the heartbeat waits
+///   out its own timeout of `ttl/3` first, so about `2·ttl/3`; unwatched
+///   ([`with_watch(false)`](PgAdvisory::with_watch)), every loss waits for
+///   the next heartbeat, up to `ttl/3` plus a round trip. That is the
+///   price of the fast takeover (the table backends make the next holder
+///   wait for the expiry instead). Use `PgTable` when two holders must
+///   never overlap, or fencing tokens checked by the resource when their
+///   writes must not.
 /// - **No fencing token by default**: [`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)
 ///   is `None`. [`with_fencing`](PgAdvisory::with_fencing) gives each
 ///   acquisition one — a per-name counter in a table of its own, bumped in
@@ -219,6 +217,35 @@ impl Fencing {
 /// reported lost. Unlike the other backends, a single heartbeat that fails
 /// or takes longer than `ttl/3` therefore loses the lease: there is no
 /// retrying on a connection whose state is unknown.
+///
+/// # Prompt loss
+///
+/// A lock ends with its session, and a session can end while its process
+/// lives on: `pg_terminate_backend`, a reset connection, a server restart.
+/// The next contender may then take the lock at once. So each holding
+/// connection is watched while it is idle: the lock is taken on a
+/// connection obtained through sqlx's [`PgListener`] (from the same pool,
+/// listening to nothing), whose socket is read between queries the way a
+/// listener waits for a notification. When the session's end reaches it —
+/// the server's termination message and the socket's end, or a reset — the
+/// connection is closed, and the backend tells the engine
+/// ([`Backend::lost`]), which renews at once: the heartbeat finds the lock
+/// gone and the token is cancelled, a few milliseconds after the session
+/// ended instead of up to `ttl/3`. The heartbeat stays, for failures that
+/// send nothing (a black hole).
+///
+/// What it costs: no connection of its own (the holding connection is
+/// watched) and no statement while a lock is held; one wake-up after each
+/// heartbeat; and a watched connection goes back to the pool after an
+/// `UNLISTEN *` that sqlx's listener sends (one statement per release or
+/// refused attempt, not waited for). A watched connection that must be
+/// closed rather than pooled (a failed heartbeat, a cancelled operation, a
+/// runtime shutting down) first ends its own session
+/// (`pg_terminate_backend(pg_backend_pid())`), which frees its lock:
+/// sqlx's listener can only return its connection to the pool, and a
+/// pooled connection must not keep a lock.
+/// [`with_watch(false)`](PgAdvisory::with_watch) takes plain pool
+/// connections instead; docs/PERFORMANCE.md measures both.
 ///
 /// # Release
 ///
@@ -894,6 +921,12 @@ impl PgAdvisory {
     pub fn with_watch(mut self, watch: bool) -> Self {
         self.watch = watch;
         self
+    }
+
+    /// Does this backend watch the connections of its locks
+    /// ([`with_watch`](PgAdvisory::with_watch))?
+    pub fn watches(&self) -> bool {
+        self.watch
     }
 
     /// The same backend, with `key` deriving the advisory-lock key of each
