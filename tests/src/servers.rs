@@ -693,7 +693,35 @@ fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
+/// A free port on 127.0.0.1 for a private server, which may be crashed and
+/// started again on it: below the kernel's ephemeral range, so that no
+/// outgoing connection's local port takes it between the crash and the
+/// restart (seen once in a full fault run: an etcd member's restart failed
+/// with "bind: address already in use" on a port the kernel had handed
+/// out as ephemeral). Falls back to a port the kernel picks.
 pub(crate) fn free_port() -> Result<u16, String> {
+    let ephemeral_start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u32, ephemeral_start.min(65_536));
+    if high > low + 1_000 {
+        let mut x = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+        for _ in 0..100 {
+            // A linear congruential step: spread, not secret.
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            let port = low + ((x >> 33) as u32 % (high - low));
+            let port = u16::try_from(port).map_err(|e| e.to_string())?;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
 }
