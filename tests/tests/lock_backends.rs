@@ -70,6 +70,23 @@ async fn pg_lockers(observer: &PgPool, name: &str) -> Vec<i32> {
     .expect("query pg_locks")
 }
 
+/// `pg_terminate_backend(pid)`: whether the session was signalled.
+async fn pg_terminate(observer: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(observer)
+        .await
+        .expect("terminate")
+}
+
+/// The backend pid of the session behind `conn`.
+async fn pg_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .expect("pid")
+}
+
 async fn pg_alive(observer: &PgPool, pid: i32) -> bool {
     sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
         .bind(pid)
@@ -157,11 +174,7 @@ async fn pg_terminated_connection_cancels_token_and_frees_lock() {
     };
 
     let killed = Instant::now();
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&observer)
-        .await
-        .expect("terminate");
+    let terminated = pg_terminate(&observer, pid).await;
     assert!(terminated);
 
     // Another holder gets the name as soon as the session is gone, long before any ttl.
@@ -223,11 +236,7 @@ async fn pg_cancelled_after_terminate(backend: PgAdvisory, observer: &PgPool) ->
         panic!("expected one session holding the lock, found {pids:?}")
     };
     let killed = Instant::now();
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(observer)
-        .await
-        .expect("terminate");
+    let terminated = pg_terminate(observer, pid).await;
     assert!(terminated);
     let noticed = tokio::time::timeout(ms(3000), guard.token().cancelled())
         .await
@@ -458,10 +467,7 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     guard.release().await.expect("release");
     assert!(pg_lockers(&observer, &name).await.is_empty());
     let mut conn = pool.acquire().await.expect("pooled connection");
-    let pooled_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("pid");
+    let pooled_pid = pg_pid(&mut conn).await;
     assert_eq!(
         pooled_pid, pid,
         "after a successful unlock the connection is reused"
@@ -479,11 +485,7 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     let [pid] = pg_lockers(&observer, &name).await[..] else {
         panic!("one holder expected")
     };
-    let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&observer)
-        .await
-        .expect("terminate");
+    pg_terminate(&observer, pid).await;
     assert!(
         eventually(ms(2000), || async { !pg_alive(&observer, pid).await })
             .await
@@ -495,10 +497,7 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
         "the unlock on a dead session must fail, got {result:?}"
     );
     let mut conn = pool.acquire().await.expect("fresh connection");
-    let new_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("pid");
+    let new_pid = pg_pid(&mut conn).await;
     assert_ne!(
         new_pid, pid,
         "a connection whose unlock failed must not be pooled"
@@ -517,21 +516,14 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     let [pid] = pg_lockers(&observer, &name).await[..] else {
         panic!("one holder expected")
     };
-    let _: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&observer)
-        .await
-        .expect("terminate");
+    pg_terminate(&observer, pid).await;
     assert!(
         cancelled_within(&guard, ms(3000)).await.is_some(),
         "the watch cancels the token"
     );
     guard.release().await.expect("release after a noticed loss");
     let mut conn = pool.acquire().await.expect("fresh connection");
-    let new_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("pid");
+    let new_pid = pg_pid(&mut conn).await;
     assert_ne!(new_pid, pid, "a dead watched connection must not be pooled");
 }
 
@@ -592,10 +584,7 @@ async fn pg_release_during_a_heartbeat_unlocks_cleanly() {
         );
         // ... and the connection went back to the pool.
         let mut conn = pool.acquire().await.expect("connection");
-        let pooled: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *conn)
-            .await
-            .expect("pid");
+        let pooled = pg_pid(&mut conn).await;
         assert_eq!(
             pooled, pid,
             "round {round}: the released connection is reused"
