@@ -579,16 +579,19 @@ fn report(
     for r in all {
         if let Some(Overhead {
             sqlx_lock: Some(sq),
+            one_connection: Some(one),
             with_lease,
             ..
         }) = &r.overhead
         {
             let _ = writeln!(
                 s,
-                "\n{}: sqlx's own `PgAdvisoryLock` try-acquire + release on the same pool: {} median; `with_lease` / that = **{}**.",
+                "\n{}: sqlx's own `PgAdvisoryLock` try-acquire + release on the same pool: {} median; `with_lease` / that = **{}**. The floor's statements on one connection kept out of the pool (as the backend's spare connection is, not in the pool's turns): {} median; `with_lease` / that = **{}**.",
                 r.label,
                 us(sq.median),
-                ratio(with_lease.median, sq.median)
+                ratio(with_lease.median, sq.median),
+                us(one.median),
+                ratio(with_lease.median, one.median)
             );
         }
     }

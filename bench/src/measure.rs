@@ -343,6 +343,9 @@ pub(crate) struct Overhead {
     pub(crate) with_lease: Stats,
     pub(crate) singleton: Stats,
     pub(crate) sqlx_lock: Option<Stats>,
+    /// `PgAdvisory`: the floor's statements on one connection kept out of
+    /// the pool, as a spare is ([`Target::one_connection_cycle`]).
+    pub(crate) one_connection: Option<Stats>,
     /// Every floor and `with_lease` sample, for the plot of their spread.
     pub(crate) samples: (Vec<Duration>, Vec<Duration>),
 }
@@ -368,6 +371,7 @@ pub(crate) async fn overhead(
     let mut redis_conn = None;
     let advisory = matches!(t, Target::PgAdvisory(..));
     let (mut floor, mut wl, mut sg, mut sq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut one, mut own) = (Vec::new(), None);
     // Warm up every path.
     for _ in 0..block.max(50) {
         t.floor_cycle(&mut redis_conn, "bench-floor", "bench-floor", TTL)
@@ -376,11 +380,13 @@ pub(crate) async fn overhead(
         singleton_job(&lease).await;
         if advisory {
             t.sqlx_lock_cycle("bench-sqlx-lock").await?;
+            t.one_connection_cycle(&mut own, "bench-one-connection")
+                .await?;
         }
     }
     // One cycle of each variant per step, in an order that rotates, so that
     // a change of load (or a neighbour's burst) hits all of them alike.
-    let variants = if advisory { 4 } else { 3 };
+    let variants = if advisory { 5 } else { 3 };
     for step in 0..rounds * block {
         for k in 0..variants {
             let start = Instant::now();
@@ -402,9 +408,18 @@ pub(crate) async fn overhead(
                     singleton_job(&lease).await;
                     sg.push(start.elapsed());
                 }
-                _ => {
+                3 => {
                     t.sqlx_lock_cycle("bench-sqlx-lock").await?;
                     sq.push(start.elapsed());
+                }
+                _ => {
+                    let ok = t
+                        .one_connection_cycle(&mut own, "bench-one-connection")
+                        .await?;
+                    one.push(start.elapsed());
+                    if !ok {
+                        return Err("the one-connection floor did not acquire".into());
+                    }
                 }
             }
         }
@@ -421,6 +436,7 @@ pub(crate) async fn overhead(
         with_lease: Stats::of(&mut wl),
         singleton: Stats::of(&mut sg),
         sqlx_lock: advisory.then(|| Stats::of(&mut sq)),
+        one_connection: advisory.then(|| Stats::of(&mut one)),
         samples: (floor, wl),
     })
 }

@@ -372,40 +372,28 @@ impl Target {
             }
             Target::Etcd(b) => etcd_floor(b, name, holder, ttl).await,
             Target::PgAdvisory(b, pool) => {
-                // Derived once per name, as a program would keep it (the
-                // backend keeps its keys too: `PgAdvisory::lock_key`).
-                let key = b.lock_key(name);
                 let mut conn = pool.acquire().await?;
-                let locked = match b.fence_table() {
-                    None => {
-                        let (locked, _pid): (bool, i32) =
-                            sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
-                                .bind(key)
-                                .fetch_one(&mut *conn)
-                                .await?;
-                        locked
-                    }
-                    // The fenced acquisition's statement (`PgAdvisory::with_fencing`).
-                    Some(table) => {
-                        let (locked, _pid, _fence): (bool, i32, Option<i64>) = sqlx::query_as(
-                            sqlx::AssertSqlSafe(ADVISORY_FENCED_ACQUIRE.replace("{table}", table)),
-                        )
-                        .bind(key)
-                        .bind(name)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                        locked
-                    }
-                };
-                if locked {
-                    let _: bool = sqlx::query_scalar(ADVISORY_UNLOCK)
-                        .bind(key)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                }
-                Ok(locked)
+                advisory_floor(b, &mut conn, name).await
             }
         }
+    }
+
+    /// `PgAdvisory` only: the floor's statements on one connection kept out
+    /// of the pool across cycles (`conn`, taken at the first call), as the
+    /// backend's spare connections are: the floor without the pool's turns.
+    pub(crate) async fn one_connection_cycle(
+        &self,
+        conn: &mut Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+        name: &str,
+    ) -> Result<bool, BoxError> {
+        let Target::PgAdvisory(b, pool) = self else {
+            return Err("the one-connection floor is a PgAdvisory baseline only".into());
+        };
+        if conn.is_none() {
+            *conn = Some(pool.acquire().await?);
+        }
+        let conn = conn.as_mut().ok_or("no connection")?;
+        advisory_floor(b, conn, name).await
     }
 
     /// `PgAdvisory` only: sqlx's own `PgAdvisoryLock` try-acquire and release.
@@ -427,6 +415,46 @@ impl Target {
             sqlx::Either::Right(_conn) => Ok(false),
         }
     }
+}
+
+/// `PgAdvisory`'s acquire statement and, if it was granted, its release
+/// statement on `conn`; whether it was granted.
+async fn advisory_floor(
+    b: &PgAdvisory,
+    conn: &mut sqlx::PgConnection,
+    name: &str,
+) -> Result<bool, BoxError> {
+    // Derived once per name, as a program would keep it (the backend keeps
+    // its keys too: `PgAdvisory::lock_key`).
+    let key = b.lock_key(name);
+    let locked = match b.fence_table() {
+        None => {
+            let (locked, _pid): (bool, i32) =
+                sqlx::query_as("SELECT pg_try_advisory_lock($1), pg_backend_pid()")
+                    .bind(key)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            locked
+        }
+        // The fenced acquisition's statement (`PgAdvisory::with_fencing`).
+        Some(table) => {
+            let (locked, _pid, _fence): (bool, i32, Option<i64>) = sqlx::query_as(
+                sqlx::AssertSqlSafe(ADVISORY_FENCED_ACQUIRE.replace("{table}", table)),
+            )
+            .bind(key)
+            .bind(name)
+            .fetch_one(&mut *conn)
+            .await?;
+            locked
+        }
+    };
+    if locked {
+        let _: bool = sqlx::query_scalar(ADVISORY_UNLOCK)
+            .bind(key)
+            .fetch_one(&mut *conn)
+            .await?;
+    }
+    Ok(locked)
 }
 
 /// The backend's acquire and release scripts (`Redis`, `RedisCluster`).

@@ -527,6 +527,153 @@ async fn pg_release_pools_the_connection_only_after_unlock() {
     assert_ne!(new_pid, pid, "a dead watched connection must not be pooled");
 }
 
+/// Acquire `name` and release it; the pid of the session that held it.
+async fn pg_cycle(lease: &Lease, observer: &PgPool, name: &str) -> i32 {
+    let guard = lease
+        .try_acquire(name, ms(60_000))
+        .await
+        .expect("acquire")
+        .expect("free");
+    let [pid] = pg_lockers(observer, name).await[..] else {
+        panic!("one holder expected")
+    };
+    guard.release().await.expect("release");
+    pid
+}
+
+/// A pool with `idle` connections open and idle.
+async fn pg_warm_pool(idle: u32) -> Option<PgPool> {
+    let pool = lease_tests::postgres().await?;
+    let mut conns = Vec::new();
+    for _ in 0..idle {
+        conns.push(pool.acquire().await.expect("connection"));
+    }
+    drop(conns);
+    eventually(ms(2000), || async { pool.num_idle() >= idle as usize }).await;
+    Some(pool)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_released_connection_is_reused_then_returned() {
+    pg_spare_is_reused_then_returned(true).await;
+    pg_spare_is_reused_then_returned(false).await;
+}
+
+async fn pg_spare_is_reused_then_returned(watch: bool) {
+    // Three idle connections: the pool would hand out another one next.
+    let Some(pool) = pg_warm_pool(3).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
+    let name = unique("pg-spare");
+    let first = pg_cycle(&pod, &observer, &name).await;
+    let out = pool.size() as usize - pool.num_idle();
+    let second = pg_cycle(&pod, &observer, &name).await;
+    assert_eq!(
+        first, second,
+        "watched {watch}: the next acquisition takes the session the last one released"
+    );
+    assert_eq!(
+        out, 1,
+        "watched {watch}: the spare is out of the pool while it waits"
+    );
+    // Untaken, it goes back to the pool (after a second).
+    let back = eventually(ms(5000), || async {
+        pool.num_idle() == pool.size() as usize
+    })
+    .await;
+    println!("watched {watch}: spare back in the pool after {back:?}");
+    assert!(
+        back.is_some(),
+        "watched {watch}: the spare never went back to the pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_closing_the_pool_returns_the_spares_at_once() {
+    let Some(pool) = pg_warm_pool(2).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
+    pg_cycle(&pod, &observer, &unique("pg-spare-close")).await;
+    let start = Instant::now();
+    let closed = tokio::time::timeout(ms(5000), pool.close()).await;
+    println!("pool closed in {:?}", start.elapsed());
+    assert!(closed.is_ok(), "PgPool::close() waited on a spare");
+    // A spare waits a second for the next acquisition; the pool's close
+    // must not wait that out.
+    assert!(
+        start.elapsed() < ms(900),
+        "PgPool::close() took {:?}: the spare was not returned when the pool closed",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_spare_whose_session_ended_is_not_used() {
+    // Watched, its socket says so before it is used; plain, the attempt on
+    // it fails and is made again on a connection from the pool.
+    pg_dead_spare_is_not_used(true).await;
+    pg_dead_spare_is_not_used(false).await;
+}
+
+async fn pg_dead_spare_is_not_used(watch: bool) {
+    let Some(pool) = pg_warm_pool(2).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
+    let name = unique("pg-spare-dead");
+    let spare = pg_cycle(&pod, &observer, &name).await;
+    assert!(pg_terminate(&observer, spare).await);
+    assert!(
+        eventually(ms(2000), || async { !pg_alive(&observer, spare).await })
+            .await
+            .is_some()
+    );
+    let guard = pod
+        .try_acquire(&name, ms(60_000))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("watched {watch}: an acquisition after the spare's session ended failed: {e}")
+        })
+        .expect("free");
+    let [pid] = pg_lockers(&observer, &name).await[..] else {
+        panic!("one holder expected")
+    };
+    assert_ne!(pid, spare, "watched {watch}: the dead spare was used");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_no_spare_is_kept_from_a_full_pool() {
+    // One connection: a spare would leave the pool with none for a second.
+    let Some(pool) = lease_tests::postgres_with(PgPoolOptions::new().max_connections(1)).await
+    else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
+    pg_cycle(&pod, &observer, &unique("pg-spare-full")).await;
+    let start = Instant::now();
+    let conn = tokio::time::timeout(ms(800), pool.acquire()).await;
+    println!("the pool's one connection back after {:?}", start.elapsed());
+    assert!(
+        matches!(conn, Ok(Ok(_))),
+        "the pool's only connection was kept aside: {conn:?}"
+    );
+}
+
 /// A pool of connections to PostgreSQL through a proxy that delays every
 /// answer by `delay`; `None` (skipped) without a server.
 async fn slow_pg_pool(

@@ -4,13 +4,14 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::task::{Poll, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use sqlx::AssertSqlSafe;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgAdvisoryLock, PgListener, PgPool, Postgres};
 use tokio::runtime::{self, Handle};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::push::Push;
@@ -29,6 +30,18 @@ const HEARTBEAT: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks \
 
 /// How many derived keys a backend keeps ([`PgAdvisory::lock_key`]).
 const KEY_CACHE: usize = 1024;
+
+/// How long a [`Spare`] waits for the next acquisition before it goes back
+/// to the pool.
+const SPARE_IDLE: Duration = Duration::from_secs(1);
+
+/// How long a watched connection may stay out of the pool as a [`Spare`]
+/// and its reuses in all: after that it goes back at its next release, so
+/// that the pool's own rules (`max_lifetime`, `after_release`) still see it.
+const SPARE_OUT: Duration = Duration::from_secs(60);
+
+/// At most this many [`Spare`]s for a backend value and its clones.
+const MAX_SPARES: usize = 4;
 
 /// The channel every `PgAdvisory` notifies when it unlocks a key, with the
 /// key (in decimal) as the payload. (A `PgTable`'s channel always has a
@@ -236,9 +249,11 @@ impl Fencing {
 ///
 /// What it costs: no connection of its own (the holding connection is
 /// watched) and no statement while a lock is held; one wake-up after each
-/// heartbeat; and a watched connection goes back to the pool after an
-/// `UNLISTEN *` that sqlx's listener sends (one statement per release or
-/// refused attempt, not waited for). A watched connection that must be
+/// heartbeat. A watched connection would go back to the pool only after an
+/// `UNLISTEN *` that sqlx's listener sends, so after a release or a refused
+/// attempt it is kept aside instead ([Spare connections](#spare-connections)),
+/// and goes back — with that statement — only when no acquisition has
+/// taken it for a second. A watched connection that must be
 /// closed rather than pooled (a failed heartbeat, a cancelled operation, a
 /// runtime shutting down) first ends its own session
 /// (`pg_terminate_backend(pg_backend_pid())`), which frees its lock:
@@ -247,11 +262,31 @@ impl Fencing {
 /// [`with_watch(false)`](PgAdvisory::with_watch) takes plain pool
 /// connections instead; docs/PERFORMANCE.md measures both.
 ///
+/// # Spare connections
+///
+/// A connection whose lock was released (or that took none: the name was
+/// held) is kept aside for the next acquisition of this backend value or a
+/// clone, on the same runtime, instead of going back to the pool at once:
+/// a program that takes and releases locks in a row then uses one session,
+/// with no `UNLISTEN *` and no turn through the pool per cycle
+/// (docs/PERFORMANCE.md measures it). At most 4 are kept; each goes back
+/// to the pool after a second untaken (or after a minute out of it in all,
+/// at its next release, so that the pool's `max_lifetime` and
+/// `after_release` still see it), at once when the pool is closed (so
+/// [`PgPool::close`] does not wait for them), and none is kept when the
+/// pool has no idle connection and no room for another — someone may be
+/// waiting for it. A spare skips the pool's test of an idle connection
+/// (`test_before_acquire`): a watched one's socket is looked at instead,
+/// and an attempt on a spare whose session ended meanwhile is made again
+/// on a connection from the pool (a lock granted on that session ended
+/// with it). The pool's `size()` counts them; `num_idle()` does not.
+///
 /// # Release
 ///
 /// Release runs `pg_advisory_unlock` on the holding connection. Only if that
-/// returns `true` does the connection go back to the pool; otherwise (or on
-/// any error) it is closed, which ends the session and every lock on it.
+/// returns `true` does the connection go back to the pool (or aside, as a
+/// spare); otherwise (or on any error) it is closed, which ends the session
+/// and every lock on it.
 /// A lock is never stacked: re-acquiring a name this backend already holds
 /// for the same holder checks the existing lock instead of taking it again,
 /// so one unlock always frees it.
@@ -383,6 +418,47 @@ struct HeldLocks {
     /// The [`Keeper`] of each runtime that acquired or renewed a lock of
     /// this backend, until that runtime shuts down or the backend is dropped.
     keepers: HashMap<runtime::Id, Arc<KeeperLink>>,
+    /// Watched connections put aside for the next acquisition, the most
+    /// recent last.
+    spares: Vec<Spare>,
+}
+
+/// A lock's connection that holds no lock any more — its lock was
+/// released, or it took none — put aside for the next acquisition of the
+/// same kind (watched or plain) on the same runtime instead of going back
+/// to the pool: a watched one would go back only after an `UNLISTEN *` that
+/// sqlx's listener sends (a statement and a task per cycle, the largest
+/// part of the watch's cost in a profile), and the pool hands out its idle
+/// connections in turn, each session colder than the last one used. The
+/// [`Keeper`] of its runtime returns it to the pool after [`SPARE_IDLE`],
+/// or at once when the pool is closed; see [`PgAdvisory::put_aside`] for
+/// when one is kept.
+struct Spare {
+    /// `None` only while it is taken (or dropped).
+    conn: Option<Conn>,
+    /// The runtime it was put aside on (and whose keeper returns it).
+    runtime: Handle,
+    /// Put aside at.
+    idle_since: Instant,
+    /// When it left the pool ([`SPARE_OUT`]).
+    taken_at: Instant,
+}
+
+impl std::fmt::Debug for Spare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spare")
+            .field("idle_since", &self.idle_since)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Spare {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Back to the pool (sqlx spawns that), wherever this runs.
+            in_runtime(&self.runtime, move || drop(conn));
+        }
+    }
 }
 
 impl Drop for HeldLocks {
@@ -500,6 +576,11 @@ struct KeeperLink {
     /// The keeper was dropped: its runtime is shutting down (or refused to
     /// run it). Set before it ends its runtime's slots.
     gone: AtomicBool,
+    /// The keeper has a timer for its runtime's spares (set and read under
+    /// the map's lock): a spare put aside then needs no wake-up call.
+    timing: AtomicBool,
+    /// Wakes the keeper: a spare was put aside while it had no timer.
+    spared: tokio::sync::Notify,
 }
 
 /// A task per runtime that acquires or renews locks of a backend, which
@@ -507,18 +588,63 @@ struct KeeperLink {
 /// stop. Dropped before — its runtime shuts down — it ends every slot that
 /// runtime keeps (see [`SlotState::runtime`]) and closes their connections:
 /// nothing renews those locks any more.
+///
+/// It also returns its runtime's [`Spare`]s to the pool: each after
+/// [`SPARE_IDLE`] untaken, all of them when the pool is closed (whose
+/// `close()` waits for every connection to come back).
 struct Keeper {
     runtime: runtime::Id,
     link: Arc<KeeperLink>,
     locks: Weak<Mutex<HeldLocks>>,
+    pool: PgPool,
     /// Told to stop: its drop ends nothing.
     stopped: bool,
 }
 
 impl Keeper {
     async fn run(mut self) {
-        self.link.stop.cancelled().await;
+        let mut closing = std::pin::pin!(self.pool.close_event());
+        let mut closed = false;
+        loop {
+            let next = self.return_spares(closed);
+            tokio::select! {
+                biased;
+                () = self.link.stop.cancelled() => break,
+                () = &mut closing, if !closed => closed = true,
+                () = self.link.spared.notified() => {}
+                () = tokio::time::sleep_until(next.unwrap_or_else(Instant::now)), if next.is_some() => {}
+            }
+        }
         self.stopped = true;
+    }
+
+    /// Return this runtime's spares that waited [`SPARE_IDLE`] (`all`:
+    /// every one) to the pool; when the next one is due, if any.
+    fn return_spares(&self, all: bool) -> Option<Instant> {
+        let locks = self.locks.upgrade()?;
+        let now = Instant::now();
+        let mut next: Option<Instant> = None;
+        let mut returned = Vec::new();
+        {
+            let mut locks = locks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut kept = Vec::with_capacity(locks.spares.len());
+            for spare in locks.spares.drain(..) {
+                let due = spare.idle_since + SPARE_IDLE;
+                if spare.runtime.id() != self.runtime {
+                    kept.push(spare);
+                } else if all || due <= now {
+                    returned.push(spare);
+                } else {
+                    next = Some(next.map_or(due, |n| n.min(due)));
+                    kept.push(spare);
+                }
+            }
+            locks.spares = kept;
+            self.link.timing.store(next.is_some(), Ordering::SeqCst);
+        }
+        // Returned under no lock.
+        drop(returned);
+        next
     }
 }
 
@@ -536,6 +662,7 @@ impl Drop for Keeper {
         };
         let mut closing = Vec::new();
         let mut removed = Vec::new();
+        let spares: Vec<Spare>;
         {
             let mut locks = locks.lock().unwrap_or_else(|e| e.into_inner());
             if locks
@@ -564,10 +691,16 @@ impl Drop for Keeper {
                 removed.push(slot.clone());
                 false
             });
+            let (ours, others) = std::mem::take(&mut locks.spares)
+                .into_iter()
+                .partition(|spare| spare.runtime.id() == self.runtime);
+            locks.spares = others;
+            spares = ours;
         }
         // Closed under no lock.
         drop(closing);
         drop(removed);
+        drop(spares);
     }
 }
 
@@ -627,6 +760,8 @@ struct Armed {
     /// The watch saw the session end, and the listener let its connection
     /// go: there is nothing left to close.
     gone: bool,
+    /// When it left the pool ([`SPARE_OUT`]).
+    taken_at: Instant,
 }
 
 impl std::fmt::Debug for Armed {
@@ -636,12 +771,13 @@ impl std::fmt::Debug for Armed {
 }
 
 impl Armed {
-    fn new(conn: Conn, runtime: Handle, pool: &PgPool) -> Self {
+    fn new(conn: Conn, runtime: Handle, pool: &PgPool, taken_at: Instant) -> Self {
         Self {
             conn: Some(conn),
             runtime,
             spawns_on_drop: pool.options().get_min_connections() > 0,
             gone: false,
+            taken_at,
         }
     }
 
@@ -674,7 +810,8 @@ impl Armed {
     }
 
     /// The connection, to be returned to the pool when dropped (a watched
-    /// one after `UNLISTEN *`, which sqlx's listener sends).
+    /// one after `UNLISTEN *`, which sqlx's listener sends) or put aside
+    /// ([`PgAdvisory::put_aside`]).
     fn disarm(mut self) -> Conn {
         self.conn
             .take()
@@ -745,15 +882,22 @@ fn close_watched(listener: Box<PgListener>, runtime: &Handle, gone: bool) {
         }
         drop(listener);
     };
+    in_runtime(runtime, move || drop(tokio::spawn(task)));
+}
+
+/// Run `f` in a runtime's context, wherever this runs: here inside one;
+/// outside any, with `runtime` entered; on a thread of its own (with
+/// `runtime` entered) while this thread's storage is torn down.
+fn in_runtime(runtime: &Handle, f: impl FnOnce() + Send + 'static) {
     match Handle::try_current() {
-        Ok(here) => drop(here.spawn(task)),
+        Ok(_) => f(),
         Err(e) if !e.is_thread_local_destroyed() => {
             let _entered = runtime.enter();
-            drop(runtime.spawn(task));
+            f();
         }
-        Err(_) => on_a_thread(task, runtime.clone(), |task, runtime| {
+        Err(_) => on_a_thread(f, runtime.clone(), |f, runtime| {
             let _entered = runtime.enter();
-            drop(runtime.spawn(task));
+            f();
         }),
     }
 }
@@ -855,6 +999,19 @@ fn watch(
         drop(held);
         Poll::Ready(())
     })
+}
+
+/// Does `e` say that the session is gone: the socket failed, or the server
+/// ended the session (SQLSTATE class `57P`: terminated by an administrator,
+/// a crash or a shutdown; class `08`: a connection exception)?
+fn session_ended(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
+    }
 }
 
 /// Why a watched session ended.
@@ -1204,6 +1361,7 @@ impl PgAdvisory {
                     runtime: id,
                     link: link.clone(),
                     locks: Arc::downgrade(&self.held),
+                    pool: self.pool.clone(),
                     stopped: false,
                 };
                 // Spawned under no lock: a runtime that is shutting down
@@ -1219,6 +1377,108 @@ impl PgAdvisory {
                 Some(key) => locks.slots.insert(key, slot.clone()),
                 None => None,
             });
+        }
+    }
+
+    /// A spare of the kind this backend takes (watched or plain) put aside
+    /// on `runtime`, with when it left the pool. A watched one's socket is
+    /// looked at first; the spares found dead on the way are closed.
+    fn take_spare(&self, runtime: &Handle) -> Option<(Conn, Instant)> {
+        let id = runtime.id();
+        loop {
+            let mut spare = {
+                let mut locks = self.held();
+                let at = locks.spares.iter().rposition(|s| {
+                    s.runtime.id() == id && matches!(s.conn, Some(Conn::Watched(_))) == self.watch
+                })?;
+                locks.spares.remove(at)
+            };
+            let taken_at = spare.taken_at;
+            let conn = spare.conn.take()?;
+            drop(spare);
+            let Conn::Watched(mut listener) = conn else {
+                return Some((conn, taken_at));
+            };
+            // One look at its socket, as the watch looks (a session that was
+            // terminated or reset while it waited has said so there), in
+            // place of the pool's test of an idle connection.
+            let mut cx = Context::from_waker(Waker::noop());
+            match poll_session(&mut listener, &mut cx) {
+                Poll::Pending => return Some((Conn::Watched(listener), taken_at)),
+                Poll::Ready(end) => {
+                    tracing::debug!(
+                        "a spare connection's session ended: {}; closing it",
+                        end.what
+                    );
+                    let mut dead = Armed::new(
+                        Conn::Watched(listener),
+                        runtime.clone(),
+                        &self.pool,
+                        taken_at,
+                    );
+                    dead.gone = end.gone;
+                }
+            }
+        }
+    }
+
+    /// A connection from the pool for a lock: through a listener if watched.
+    async fn connect(&self) -> Result<(Conn, Instant)> {
+        let conn = if self.watch {
+            let mut listener = PgListener::connect_with(&self.pool).await?;
+            // Its socket is read only by the watch, which must see the
+            // session's end rather than a new connection, and ignores the
+            // pool's closing (the held connection keeps the pool open, as a
+            // plain one does).
+            listener.eager_reconnect(false);
+            listener.ignore_pool_close_event(true);
+            Conn::Watched(Box::new(listener))
+        } else {
+            Conn::Plain(self.pool.acquire().await?)
+        };
+        Ok((conn, Instant::now()))
+    }
+
+    /// A connection that holds no lock, done with: put aside as a [`Spare`]
+    /// for the next acquisition, unless the pool is closed, has no idle
+    /// connection and no room for another (someone may be waiting for one:
+    /// this one goes back), [`MAX_SPARES`] are aside already, it has been
+    /// out of the pool for [`SPARE_OUT`], or this runtime has no live keeper
+    /// to return it; then it goes back to the pool.
+    fn put_aside(&self, conn: Conn, taken_at: Instant) {
+        let Ok(runtime) = Handle::try_current() else {
+            return drop(conn);
+        };
+        let now = Instant::now();
+        let pool = &self.pool;
+        let pressed = pool.num_idle() == 0 && pool.size() >= pool.options().get_max_connections();
+        let mut locks = self.held();
+        // Under the map's lock, where a keeper returns every spare once the
+        // pool is closed: a spare put aside after that sees it closed.
+        let link = locks
+            .keepers
+            .get(&runtime.id())
+            .filter(|l| !l.gone.load(Ordering::SeqCst))
+            .cloned();
+        let Some(link) = link.filter(|_| {
+            !pressed
+                && !pool.is_closed()
+                && locks.spares.len() < MAX_SPARES
+                && now.saturating_duration_since(taken_at) < SPARE_OUT
+        }) else {
+            drop(locks);
+            return drop(conn);
+        };
+        locks.spares.push(Spare {
+            conn: Some(conn),
+            runtime,
+            idle_since: now,
+            taken_at,
+        });
+        let timing = link.timing.load(Ordering::SeqCst);
+        drop(locks);
+        if !timing {
+            link.spared.notify_one();
         }
     }
 
@@ -1337,22 +1597,37 @@ impl Backend for PgAdvisory {
             }
         }
         let key = self.lock_key(name);
-        let conn = if self.watch {
-            let mut listener = PgListener::connect_with(&self.pool).await?;
-            // Its socket is read only by the watch, which must see the
-            // session's end rather than a new connection, and ignores the
-            // pool's closing (the held connection keeps the pool open, as a
-            // plain one does).
-            listener.eager_reconnect(false);
-            listener.ignore_pool_close_event(true);
-            Conn::Watched(Box::new(listener))
-        } else {
-            Conn::Plain(self.pool.acquire().await?)
+        let fencing = self.fencing.as_deref();
+        let spare = self.take_spare(&runtime);
+        let from_spare = spare.is_some();
+        let (conn, taken_at) = match spare {
+            Some(spare) => spare,
+            None => self.connect().await?,
         };
-        let mut conn = Armed::new(conn, runtime.clone(), &self.pool);
+        let mut conn = Armed::new(conn, runtime.clone(), &self.pool, taken_at);
         // If this fails after the lock was granted (the fence table is
         // missing), `conn` is closed, and the lock with it.
-        let (locked, pid, fence) = conn.try_lock(self.fencing.as_deref(), key, name).await?;
+        let (locked, pid, fence) = match conn.try_lock(fencing, key, name).await {
+            Ok(answer) => answer,
+            // A spare whose session ended while it waited (a plain one
+            // cannot be looked at first: sqlx reads an idle connection only
+            // through a listener; the pool's `test_before_acquire` ping
+            // would cost a round trip): closed, and tried once more on a
+            // connection from the pool. A lock granted on that session ended
+            // with it; one that it still holds refuses this attempt.
+            Err(e) if from_spare && session_ended(&e) => {
+                tracing::debug!(
+                    lease.name = name,
+                    holder,
+                    "a spare connection failed ({e}); trying on one from the pool"
+                );
+                drop(conn);
+                let (fresh, taken_at) = self.connect().await?;
+                conn = Armed::new(fresh, runtime.clone(), &self.pool, taken_at);
+                conn.try_lock(fencing, key, name).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
         let fence = match (&self.fencing, locked, fence.map(u64::try_from)) {
             (None, _, _) | (_, false, _) => None,
             (Some(_), true, Some(Ok(fence))) => Some(fence),
@@ -1364,8 +1639,9 @@ impl Backend for PgAdvisory {
             }
         };
         if !locked {
-            // Clean: it took no lock. Back to the pool.
-            drop(conn.disarm());
+            // Clean: it took no lock. Back to the pool, or aside.
+            let taken_at = conn.taken_at;
+            self.put_aside(conn.disarm(), taken_at);
             return Ok(None);
         }
         // Kept by this runtime until a heartbeat runs on another: when it
@@ -1441,7 +1717,8 @@ impl Backend for PgAdvisory {
         // If this future is dropped now, `held` closes the connection.
         let unlocked = held.conn.query_bool(UNLOCK, slot.key).await?;
         if unlocked {
-            drop(held.conn.disarm());
+            let taken_at = held.conn.taken_at;
+            self.put_aside(held.conn.disarm(), taken_at);
             tracing::debug!(
                 lease.name = name,
                 holder,
