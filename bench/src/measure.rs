@@ -276,6 +276,26 @@ async fn advisory_round_trips(
         }
     })
     .await?;
+    // The same acquisitions and releases without the batch, to subtract:
+    // how many of their connections go back to the pool (and send an
+    // `UNLISTEN *`, watched) rather than aside depends on how many are
+    // released at once (`PgAdvisory`, "Spare connections").
+    let all = per_op(
+        counter,
+        d,
+        "acquire all + release all",
+        1,
+        |_, _| async move {
+            for name in names {
+                held(name, t.acquire(name, HOLDER, TTL).await?)?;
+            }
+            for name in names {
+                t.release(name, HOLDER).await?;
+            }
+            Ok(())
+        },
+    )
+    .await?;
     let batch: Vec<(&str, Duration)> = names.iter().map(|n| (n.as_str(), TTL)).collect();
     let with_batch = per_op(
         counter,
@@ -309,7 +329,7 @@ async fn advisory_round_trips(
     rt.acquire = acquire_release;
     rt.acquire_with_release = true;
     rt.renew = with_renew - acquire_release;
-    rt.renew_many = with_batch - acquire_release * n as f64;
+    rt.renew_many = with_batch - all;
     rt.acquire_new = f64::NAN;
     Ok(())
 }
