@@ -232,11 +232,16 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
             ..Results::default()
         };
         // A variant of a backend (`PgAdvisory (fenced)`) runs the round
-        // trips and the overhead only: what it costs against its own floor.
+        // trips and the overhead only: what it costs against its own floor;
+        // `PgAdvisory (unwatched)` the scale too: what the watch costs a
+        // held lock (CPU per renewal window).
         let variant = label.contains(" (");
         let section = |s: &str| {
             (options.sections.is_empty() || options.sections.iter().any(|x| x == s))
-                && (!variant || s == "overhead" || s == "rt")
+                && (!variant
+                    || s == "overhead"
+                    || s == "rt"
+                    || (s == "scale" && label == "PgAdvisory (unwatched)"))
         };
         if section("rt") {
             eprintln!("== {label}: round trips");
