@@ -2507,8 +2507,20 @@ fn analyse(
             }
             _ => {
                 r.cancels.push(cancel);
+                // etcd revokes after a leader's pause only sometimes (the
+                // resumed leader must find the lease expired first): a
+                // victim that kept its lease, with nobody else holding
+                // before its section ended, had nothing to learn. Where
+                // another holder did start first, the bound applies (and
+                // the overlap and fence checks, always).
+                let taken_from_victim = sections.iter().any(|s| {
+                    s.holder != victim
+                        && ours(s.t_start)
+                        && section.t_end.is_none_or(|end| s.t_start < end)
+                });
                 let bound = match fault {
                     Fault::BlackHole => Some(config.deadline_bound()),
+                    Fault::LeaderPause if !taken_from_victim => None,
                     f if f.revokes(backend) && !f.reported_only() => {
                         Some(dur(f.revoked_from(e) - e.t) + config.cancel_bound())
                     }
