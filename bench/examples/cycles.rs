@@ -29,6 +29,22 @@ const ACQUIRE: &str = "SELECT pg_try_advisory_lock($1), pg_backend_pid()";
 const UNLOCK: &str = "SELECT CASE WHEN pg_advisory_unlock($1) \
      THEN (SELECT true FROM pg_notify('lease_advisory', $1::text)) ELSE false END";
 
+/// The backend's acquire statement and its release statement on `conn`.
+async fn floor_cycle(conn: &mut sqlx::PgConnection, key: i64) -> Result<(), BoxError> {
+    let (locked, _pid): (bool, i32) = sqlx::query_as(ACQUIRE)
+        .bind(key)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !locked {
+        return Err("the floor did not acquire".into());
+    }
+    let _: bool = sqlx::query_scalar(UNLOCK)
+        .bind(key)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);
@@ -63,33 +79,8 @@ async fn main() -> Result<(), BoxError> {
             let which = (step + k) % kinds.len();
             let start = Instant::now();
             match kinds[which].as_str() {
-                "floor" => {
-                    let mut conn = pool.acquire().await?;
-                    let (locked, _pid): (bool, i32) = sqlx::query_as(ACQUIRE)
-                        .bind(key)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                    if !locked {
-                        return Err("the floor did not acquire".into());
-                    }
-                    let _: bool = sqlx::query_scalar(UNLOCK)
-                        .bind(key)
-                        .fetch_one(&mut *conn)
-                        .await?;
-                }
-                "floor-one" => {
-                    let (locked, _pid): (bool, i32) = sqlx::query_as(ACQUIRE)
-                        .bind(key)
-                        .fetch_one(&mut *own)
-                        .await?;
-                    if !locked {
-                        return Err("the floor did not acquire".into());
-                    }
-                    let _: bool = sqlx::query_scalar(UNLOCK)
-                        .bind(key)
-                        .fetch_one(&mut *own)
-                        .await?;
-                }
+                "floor" => floor_cycle(&mut *pool.acquire().await?, key).await?,
+                "floor-one" => floor_cycle(&mut own, key).await?,
                 kind @ ("with_lease" | "unwatched") => {
                     let lease = if kind == "unwatched" {
                         &unwatched_lease
