@@ -12,7 +12,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream, Parser};
 use syn::spanned::Spanned;
-use syn::{Expr, Ident, LitStr, Path, Token};
+use syn::{Expr, Ident, LitBool, LitStr, Path, Token};
 
 mod kw {
     syn::custom_keyword!(name);
@@ -22,13 +22,16 @@ mod kw {
     syn::custom_keyword!(fence);
     syn::custom_keyword!(min_hold);
     syn::custom_keyword!(max_hold);
+    syn::custom_keyword!(grace);
     syn::custom_keyword!(wait);
+    syn::custom_keyword!(once_per);
+    syn::custom_keyword!(retry_failed);
     syn::custom_keyword!(on_error);
 }
 
-/// Every argument, in the order of the attribute's docs (`lease::singleton`).
+/// Every argument, in the order of the attribute's docs (`leasehold::singleton`).
 pub(crate) const KEYS: &str = "`name`, `ttl`, `lease`, `token`, `fence`, `min_hold`, `max_hold`, \
-                               `wait`, `on_error`, `crate`";
+                               `grace`, `wait`, `once_per`, `retry_failed`, `on_error`, `crate`";
 
 /// A value that may be a string literal, checked at compile time, or any
 /// other expression, evaluated (and checked) at run time.
@@ -48,7 +51,12 @@ pub(crate) struct Args {
     pub(crate) fence: Option<Ident>,
     pub(crate) min_hold: Option<Value>,
     pub(crate) max_hold: Option<Value>,
+    pub(crate) grace: Option<Value>,
     pub(crate) wait: Option<Value>,
+    pub(crate) once_per: Option<Value>,
+    /// The value, and the key's span (what `retry_failed` without
+    /// `once_per` is reported on).
+    pub(crate) retry_failed: Option<(LitBool, Span)>,
     pub(crate) on_error: Option<LitStr>,
     pub(crate) krate: Option<Path>,
     /// Every mistake found, reported together.
@@ -122,10 +130,23 @@ impl Args {
                 let key = key::<kw::max_hold>(input)?;
                 let value = value(input, "max_hold", &duration("max_hold = \"10m\""), errors)?;
                 set(&mut self.max_hold, key, "max_hold", value, errors);
+            } else if lookahead.peek(kw::grace) {
+                let key = key::<kw::grace>(input)?;
+                let value = value(input, "grace", &duration("grace = \"20s\""), errors)?;
+                set(&mut self.grace, key, "grace", value, errors);
             } else if lookahead.peek(kw::wait) {
                 let key = key::<kw::wait>(input)?;
                 let value = value(input, "wait", &duration("wait = \"5s\""), errors)?;
                 set(&mut self.wait, key, "wait", value, errors);
+            } else if lookahead.peek(kw::once_per) {
+                let key = key::<kw::once_per>(input)?;
+                let value = value(input, "once_per", &duration("once_per = \"1h\""), errors)?;
+                set(&mut self.once_per, key, "once_per", value, errors);
+            } else if lookahead.peek(kw::retry_failed) {
+                let key = key::<kw::retry_failed>(input)?;
+                let value = boolean(input, "retry_failed", "retry_failed = true", errors)?;
+                let value = value.map(|value| (value, key));
+                set(&mut self.retry_failed, key, "retry_failed", value, errors);
             } else if lookahead.peek(kw::on_error) {
                 let key = key::<kw::on_error>(input)?;
                 let value = string(input, "on_error", "on_error = \"return\"", errors)?;
@@ -256,6 +277,28 @@ fn string(
     Ok(None)
 }
 
+/// A bool literal; anything else is recorded on the value as written, and
+/// gives `None`.
+fn boolean(
+    input: ParseStream<'_>,
+    key: &str,
+    example: &str,
+    errors: &mut Option<syn::Error>,
+) -> syn::Result<Option<LitBool>> {
+    if input.peek(LitBool) {
+        return input.parse().map(Some);
+    }
+    let value: Expr = input.parse()?;
+    push(
+        errors,
+        syn::Error::new_spanned(
+            value,
+            format!("`{key}` must be `true` or `false` (a literal), e.g. `{example}`"),
+        ),
+    );
+    Ok(None)
+}
+
 /// A plain identifier (not a keyword, not a path, not a string); anything
 /// else is recorded on the value as written, and gives `None`.
 fn ident(
@@ -279,9 +322,9 @@ fn ident(
     Ok(None)
 }
 
-/// `crate = "path::to::lease"`.
+/// `crate = "path::to::leasehold"`.
 fn path(input: ParseStream<'_>, errors: &mut Option<syn::Error>) -> syn::Result<Option<Path>> {
-    let Some(lit) = string(input, "crate", "crate = \"my_lib::lease\"", errors)? else {
+    let Some(lit) = string(input, "crate", "crate = \"my_lib::leasehold\"", errors)? else {
         return Ok(None);
     };
     match lit.parse::<Path>() {
@@ -292,7 +335,7 @@ fn path(input: ParseStream<'_>, errors: &mut Option<syn::Error>) -> syn::Result<
                 syn::Error::new(
                     lit.span(),
                     format!(
-                        "`crate` must be the path of the `lease` crate, e.g. `crate = \"my_lib::lease\"`, not {:?}",
+                        "`crate` must be the path of the `leasehold` crate, e.g. `crate = \"my_lib::leasehold\"`, not {:?}",
                         lit.value()
                     ),
                 ),

@@ -1,5 +1,5 @@
 //! Code generation. The expansion only wires the fn's body to
-//! `lease::__private::run`; every behaviour lives (and is tested) in `lease`.
+//! `leasehold::__private::run`; every behaviour lives (and is tested) in `leasehold`.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, TokenStreamExt, quote, quote_spanned};
@@ -39,7 +39,7 @@ fn with_error(mut tokens: TokenStream, error: syn::Error) -> TokenStream {
 /// The fn as written, its body starting with
 ///
 /// ```text
-/// let <token>: ::lease::CancellationToken = ::lease::CancellationToken::new();
+/// let <token>: ::leasehold::CancellationToken = ::leasehold::CancellationToken::new();
 /// let <fence>: ::core::option::Option<u64> = ::core::option::Option::None;
 /// ```
 ///
@@ -51,7 +51,7 @@ fn fallback(args: &Args, mut item: ItemFn) -> TokenStream {
     let krate = args
         .krate
         .as_ref()
-        .map_or_else(|| quote!(::lease), ToTokens::to_token_stream);
+        .map_or_else(|| quote!(::leasehold), ToTokens::to_token_stream);
     let mut bindings = TokenStream::new();
     if let Some(token) = &args.token {
         bindings.extend(quote! {
@@ -105,14 +105,17 @@ fn parse_fn(item: TokenStream) -> syn::Result<ItemFn> {
 ///
 /// ```text
 /// let __lease = <lease expr, or the global default>;
-/// ::lease::__private::run(                       // `run_or_err` with `on_error = "return"`
+/// ::leasehold::__private::run(                       // `run_or_err` with `on_error = "return"`
 ///     __lease,
-///     ::lease::__private::Settings {
+///     ::leasehold::__private::Settings {
 ///         name: "<name>",                        // or &AsName::as_name(&(<expr>))
 ///         ttl: ::core::time::Duration::from_millis(<ms>),  // or <expr>
 ///         min_hold: ::core::option::Option::None,          // or Some(..), as ttl
 ///         max_hold: ::core::option::Option::None,
+///         grace: ::core::option::Option::None,
 ///         wait: ::core::option::Option::None,
+///         once_per: ::core::option::Option::None,
+///         retry_failed: false,                             // `retry_failed = true`
 ///     },
 ///     move |<token>, <fence>| async move {
 ///         <fake return edge>
@@ -134,18 +137,21 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
         ttl,
         min_hold,
         max_hold,
+        grace,
         wait,
+        once_per,
+        retry_failed,
         return_errors,
         lease,
         token,
         fence,
         krate,
     } = singleton;
-    // `::lease`, or the `crate = "..."` path, spanned where it is used so a
+    // `::leasehold`, or the `crate = "..."` path, spanned where it is used so a
     // type error lands on the user's token rather than on the attribute.
     let krate_at = |span: Span| match &krate {
         Some(path) => path.to_token_stream(),
-        None => quote_spanned!(span=> ::lease),
+        None => quote_spanned!(span=> ::leasehold),
     };
 
     // Hygienic: invisible to the body, whatever it names its variables.
@@ -179,13 +185,14 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
         }
     };
     let ttl = duration(ttl);
-    let [min_hold, max_hold, wait] = [min_hold, max_hold, wait].map(|d| match d {
-        Some(d) => {
-            let d = duration(d);
-            quote!(::core::option::Option::Some(#d))
-        }
-        None => quote!(::core::option::Option::None),
-    });
+    let [min_hold, max_hold, grace, wait, once_per] = [min_hold, max_hold, grace, wait, once_per]
+        .map(|d| match d {
+            Some(d) => {
+                let d = duration(d);
+                quote!(::core::option::Option::Some(#d))
+            }
+            None => quote!(::core::option::Option::None),
+        });
 
     let (return_type, return_span) = match &item.sig.output {
         ReturnType::Type(_, ty) => (erase_impl_trait(ty), ty.span()),
@@ -252,7 +259,10 @@ fn expand(singleton: Singleton, mut item: ItemFn) -> TokenStream {
                 ttl: #ttl,
                 min_hold: #min_hold,
                 max_hold: #max_hold,
+                grace: #grace,
                 wait: #wait,
+                once_per: #once_per,
+                retry_failed: #retry_failed,
             }
         }
     };
@@ -331,15 +341,18 @@ mod tests {
         };
         let expected = quote! {
             async fn send_digest(&self) -> Result<Option<usize>, MyError> {
-                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
-                ::lease::__private::run(
+                let __lease = ::leasehold::__private::AsLease::as_lease(&(self.lease));
+                ::leasehold::__private::run(
                     __lease,
-                    ::lease::__private::Settings {
+                    ::leasehold::__private::Settings {
                         name: "digest",
                         ttl: ::core::time::Duration::from_millis(120000u64),
                         min_hold: ::core::option::Option::Some(::core::time::Duration::from_millis(30000u64)),
                         max_hold: ::core::option::Option::None,
+                        grace: ::core::option::Option::None,
                         wait: ::core::option::Option::None,
+                        once_per: ::core::option::Option::None,
+                        retry_failed: false,
                     },
                     move |cancel, _| async move {
                         #[allow(
@@ -368,21 +381,24 @@ mod tests {
 
     #[test]
     fn defaults_and_crate_override() {
-        let args = quote!(name = "n", ttl = "10ms", crate = "my_lib::lease");
+        let args = quote!(name = "n", ttl = "10ms", crate = "my_lib::leasehold");
         let item = quote!(
             pub async fn tick() {}
         );
         let expected = quote! {
             pub async fn tick() {
-                let __lease = my_lib::lease::__private::global();
-                my_lib::lease::__private::run(
+                let __lease = my_lib::leasehold::__private::global();
+                my_lib::leasehold::__private::run(
                     __lease,
-                    my_lib::lease::__private::Settings {
+                    my_lib::leasehold::__private::Settings {
                         name: "n",
                         ttl: ::core::time::Duration::from_millis(10u64),
                         min_hold: ::core::option::Option::None,
                         max_hold: ::core::option::Option::None,
+                        grace: ::core::option::Option::None,
                         wait: ::core::option::Option::None,
+                        once_per: ::core::option::Option::None,
+                        retry_failed: false,
                     },
                     move |_, _| async move {
                     #[allow(
@@ -417,15 +433,18 @@ mod tests {
         );
         let expected = quote! {
             async fn ready(&self) -> bool {
-                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
-                ::lease::__private::run(
+                let __lease = ::leasehold::__private::AsLease::as_lease(&(self.lease));
+                ::leasehold::__private::run(
                     __lease,
-                    ::lease::__private::Settings {
+                    ::leasehold::__private::Settings {
                         name: "n",
                         ttl: ::core::time::Duration::from_millis(10u64),
                         min_hold: ::core::option::Option::None,
                         max_hold: ::core::option::Option::None,
+                        grace: ::core::option::Option::None,
                         wait: ::core::option::Option::None,
+                        once_per: ::core::option::Option::None,
+                        retry_failed: false,
                     },
                     move |_, _| async move {
                     #[allow(
@@ -469,15 +488,18 @@ mod tests {
         };
         let expected = quote! {
             async fn report(&self, tenant: &str) -> anyhow::Result<()> {
-                let __lease = ::lease::__private::AsLease::as_lease(&(self.lease));
-                ::lease::__private::run_or_err(
+                let __lease = ::leasehold::__private::AsLease::as_lease(&(self.lease));
+                ::leasehold::__private::run_or_err(
                     __lease,
-                    ::lease::__private::Settings {
-                        name: &::lease::__private::AsName::as_name(&(format!("report-{tenant}"))),
+                    ::leasehold::__private::Settings {
+                        name: &::leasehold::__private::AsName::as_name(&(format!("report-{tenant}"))),
                         ttl: self.ttl,
                         min_hold: ::core::option::Option::Some(MIN_HOLD),
                         max_hold: ::core::option::Option::Some(::core::time::Duration::from_millis(600000u64)),
+                        grace: ::core::option::Option::None,
                         wait: ::core::option::Option::Some(Duration::from_secs(5)),
+                        once_per: ::core::option::Option::None,
+                        retry_failed: false,
                     },
                     move |_, _| async move {
                         #[allow(
@@ -511,6 +533,91 @@ mod tests {
         )
         .to_string();
         assert!(skip.contains(":: __private :: run ("), "{skip}");
+    }
+
+    /// `once_per` goes into the settings as the other durations do, and
+    /// `retry_failed = true` as `true`; `retry_failed = false` is the default.
+    #[test]
+    fn once_per_and_retry_failed() {
+        let settings = |args: TokenStream| {
+            let out = singleton(
+                args,
+                quote!(
+                    async fn tick() {}
+                ),
+            )
+            .to_string();
+            assert!(!out.contains("compile_error"), "{out}");
+            let (_, settings) = out.split_once("wait :").expect("settings");
+            let (settings, _) = settings.split_once('}').expect("settings' end");
+            settings.trim().to_owned()
+        };
+        let expected = |once_per: TokenStream, retry_failed: bool| {
+            quote!(::core::option::Option::None, once_per: #once_per, retry_failed: #retry_failed,)
+                .to_string()
+        };
+        let hour = quote!(::core::option::Option::Some(
+            ::core::time::Duration::from_millis(3600000u64)
+        ));
+        assert_eq!(
+            settings(quote!(name = "n", ttl = "1s", once_per = "1h")),
+            expected(hour.clone(), false)
+        );
+        assert_eq!(
+            settings(quote!(
+                name = "n",
+                ttl = "1s",
+                once_per = "1h",
+                retry_failed = true
+            )),
+            expected(hour.clone(), true)
+        );
+        assert_eq!(
+            settings(quote!(
+                name = "n",
+                ttl = "1s",
+                retry_failed = false,
+                once_per = "1h"
+            )),
+            expected(hour, false)
+        );
+        assert_eq!(
+            settings(quote!(
+                name = "n",
+                ttl = "1s",
+                once_per = self.period,
+                retry_failed = true
+            )),
+            expected(quote!(::core::option::Option::Some(self.period)), true)
+        );
+    }
+
+    #[test]
+    fn retry_failed_needs_once_per_and_a_bool() {
+        let error = |args: TokenStream| {
+            let out = singleton(
+                args,
+                quote!(
+                    async fn tick() {}
+                ),
+            )
+            .to_string();
+            assert_eq!(out.matches("compile_error").count(), 1, "{out}");
+            out
+        };
+        for value in [quote!(true), quote!(false)] {
+            let out = error(quote!(name = "n", ttl = "1s", retry_failed = #value));
+            assert!(out.contains("`retry_failed` needs `once_per`"), "{out}");
+        }
+        for value in [quote!("true"), quote!(1), quote!(yes)] {
+            let out = error(quote!(name = "n", ttl = "1s", once_per = "1h", retry_failed = #value));
+            assert!(
+                out.contains("`retry_failed` must be `true` or `false`"),
+                "{out}"
+            );
+        }
+        let out = error(quote!(name = "n", ttl = "1s", once_per = "0s"));
+        assert!(out.contains("`once_per` must not be zero"), "{out}");
     }
 
     #[test]
@@ -584,7 +691,7 @@ mod tests {
         let expected = quote! {
             async fn send_digest(&self) -> Option<u64> {
                 #[allow(unused_variables)]
-                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                let cancel: ::leasehold::CancellationToken = ::leasehold::CancellationToken::new();
                 #[allow(unused_variables)]
                 let fencing_token: ::core::option::Option<u64> = ::core::option::Option::None;
                 let _ = cancel.is_cancelled();
@@ -632,7 +739,7 @@ mod tests {
         let expected = quote! {
             async fn tick() -> bool {
                 #[allow(unused_variables)]
-                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                let cancel: ::leasehold::CancellationToken = ::leasehold::CancellationToken::new();
                 !cancel.is_cancelled()
             }
         };
@@ -686,7 +793,7 @@ mod tests {
         let with_cancel = quote! {
             async fn tick() -> bool {
                 #[allow(unused_variables)]
-                let cancel: ::lease::CancellationToken = ::lease::CancellationToken::new();
+                let cancel: ::leasehold::CancellationToken = ::leasehold::CancellationToken::new();
                 !cancel.is_cancelled()
             }
         };
@@ -720,7 +827,7 @@ mod tests {
             ttl = "0s",
             token = t,
             fence = t,
-            crate = "my_lib::lease"
+            crate = "my_lib::leasehold"
         );
         let item = quote!(
             async fn tick() {}
@@ -728,7 +835,7 @@ mod tests {
         let expected = quote! {
             async fn tick() {
                 #[allow(unused_variables)]
-                let t: my_lib::lease::CancellationToken = my_lib::lease::CancellationToken::new();
+                let t: my_lib::leasehold::CancellationToken = my_lib::leasehold::CancellationToken::new();
             }
         };
         assert_eq!(fallback_of(args, item), expected.to_string());

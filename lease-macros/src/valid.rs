@@ -9,16 +9,18 @@ use syn::{Expr, Ident, ItemFn, LitStr, Path};
 
 use crate::attr::{Args, Value};
 
-// The runtime's limits, copied: a proc-macro crate cannot depend on `lease`.
-// The test `limits_are_the_runtimes` checks them against `lease`'s.
+// The runtime's limits, copied: a proc-macro crate cannot depend on `leasehold`.
+// The test `limits_are_the_runtimes` checks them against `leasehold`'s.
 
-/// Shortest ttl (`lease::MIN_TTL`).
+/// Shortest ttl (`leasehold::MIN_TTL`).
 const MIN_TTL: Duration = Duration::from_millis(10);
-/// Longest ttl (`lease::MAX_TTL`); also the longest `min_hold`, `max_hold`
+/// Longest ttl (`leasehold::MAX_TTL`); also the longest `min_hold`, `max_hold`
 /// and `wait`.
 const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// Longest lease name in bytes (`lease::MAX_NAME_LEN`).
+/// Longest lease name in bytes (`leasehold::MAX_NAME_LEN`).
 const MAX_NAME_LEN: usize = 255;
+/// Longest `once_per` period (`leasehold::MAX_PERIOD`): 366 days.
+const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 60 * 60);
 
 /// A duration argument that passed its checks.
 pub(crate) enum Dur {
@@ -35,7 +37,11 @@ pub(crate) struct Singleton {
     pub(crate) ttl: Dur,
     pub(crate) min_hold: Option<Dur>,
     pub(crate) max_hold: Option<Dur>,
+    pub(crate) grace: Option<Dur>,
     pub(crate) wait: Option<Dur>,
+    pub(crate) once_per: Option<Dur>,
+    /// `retry_failed = true` (only with `once_per`).
+    pub(crate) retry_failed: bool,
     /// `on_error = "return"`: an acquisition error is the fn's `Err`.
     pub(crate) return_errors: bool,
     pub(crate) lease: Option<Expr>,
@@ -83,6 +89,33 @@ pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
     let min_hold = hold(&args.min_hold, Key::MinHold);
     let max_hold = hold(&args.max_hold, Key::MaxHold);
     let wait = hold(&args.wait, Key::Wait);
+    let literal_ttl = match &ttl {
+        Some(Dur::Millis(ms, _)) => Some(Duration::from_millis(*ms)),
+        _ => None,
+    };
+    let grace = match &args.grace {
+        Some(Value::Lit(lit)) => errors.check(check_grace(lit, literal_ttl)),
+        Some(Value::Expr(expr)) => Some(Dur::Expr(expr.clone())),
+        None => None,
+    };
+    let once_per = match &args.once_per {
+        Some(Value::Lit(lit)) => errors.check(check_once_per(lit)),
+        Some(Value::Expr(expr)) => Some(Dur::Expr(expr.clone())),
+        None => None,
+    };
+    let retry_failed = match &args.retry_failed {
+        Some((_, key)) if args.once_per.is_none() => {
+            errors.push(syn::Error::new(
+                *key,
+                "`retry_failed` needs `once_per`: it lets a failed run run again within its \
+                 schedule slot; add the schedule's period, e.g. `once_per = \"1h\"`, or remove \
+                 `retry_failed`",
+            ));
+            false
+        }
+        Some((lit, _)) => lit.value,
+        None => false,
+    };
     let return_errors = match &args.on_error {
         Some(lit) => errors.check(check_on_error(lit)).unwrap_or(false),
         None => false,
@@ -102,7 +135,10 @@ pub(crate) fn check(args: &Args, item: &ItemFn) -> syn::Result<Singleton> {
         ttl: ttl.expect("BUG: a missing ttl is an error"),
         min_hold,
         max_hold,
+        grace,
         wait,
+        once_per,
+        retry_failed,
         return_errors,
         lease: args.lease.clone(),
         token: args.token.clone(),
@@ -174,7 +210,7 @@ impl Key {
     }
 }
 
-/// Any duration up to 24 h, in whole milliseconds (the rules `lease` applies
+/// Any duration up to 24 h, in whole milliseconds (the rules `leasehold` applies
 /// to an expression at run time); `max_hold` is not zero.
 ///
 /// `min_hold` longer than the ttl is fine (the lease is renewed meanwhile);
@@ -210,6 +246,82 @@ fn check_hold(lit: &LitStr, hold: Key) -> syn::Result<Dur> {
         );
     }
     Ok(Dur::Millis(whole_millis(lit, key, value)?, lit.span()))
+}
+
+/// The least grace for `ttl` (`leasehold`'s margin, `ttl/100 + 2ms`).
+fn margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// A grace in whole milliseconds from the margin (`ttl/100 + 2 ms`) to
+/// `ttl/2`, the rule `leasehold` applies at run time (`Job::grace`). With a
+/// `ttl` expression the range is checked at run time; here only that it
+/// parses, is whole milliseconds and is at most half the longest ttl.
+fn check_grace(lit: &LitStr, ttl: Option<Duration>) -> syn::Result<Dur> {
+    let grace = duration(lit, "grace")?;
+    let fail = |msg: String| Err(syn::Error::new(lit.span(), msg));
+    let ms = whole_millis(lit, "grace", grace.min(MAX_TTL))?;
+    let Some(ttl) = ttl else {
+        if grace > MAX_TTL / 2 {
+            return fail(format!(
+                "`grace` must be at most {} (half the longest ttl); use about a third of the ttl",
+                format_limit(MAX_TTL / 2)
+            ));
+        }
+        return Ok(Dur::Millis(ms, lit.span()));
+    };
+    let (least, most) = (margin(ttl), ttl / 2);
+    if grace < least {
+        return fail(format!(
+            "`grace` must be at least {} for a ttl of {} (ttl/100 + 2ms): the token must fire \
+             before the lease can pass to another holder; use about a third of the ttl, or \
+             leave it out for ttl/3",
+            format_ms_fraction(least),
+            format_limit(ttl),
+        ));
+    }
+    if grace > most {
+        return fail(format!(
+            "`grace` must be at most {} for a ttl of {} (ttl/2): a longer grace leaves too \
+             little time to retry failed renewals; use about a third of the ttl, or leave \
+             it out for ttl/3",
+            format_ms_fraction(most),
+            format_limit(ttl),
+        ));
+    }
+    Ok(Dur::Millis(ms, lit.span()))
+}
+
+/// A duration that may have a fraction of a millisecond: `32ms`, `2.1ms`, `45s`.
+fn format_ms_fraction(d: Duration) -> String {
+    if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format_limit(d)
+    } else {
+        format!("{}ms", d.as_secs_f64() * 1000.0)
+    }
+}
+
+/// A `once_per` period in whole milliseconds from 1 ms to 366 days, the
+/// rule `leasehold` applies at run time (`Job::once_per`).
+fn check_once_per(lit: &LitStr) -> syn::Result<Dur> {
+    let period = duration(lit, "once_per")?;
+    let fail = |msg: &str| Err(syn::Error::new(lit.span(), msg));
+    if period.is_zero() {
+        return fail(
+            "`once_per` must not be zero: it is the schedule's period, and the job runs at \
+             most once in each slot of it; use the job's interval, e.g. `once_per = \"1h\"`",
+        );
+    }
+    if period > MAX_PERIOD {
+        return fail(
+            "`once_per` must be at most 366 days; use the job's interval, \
+             e.g. `once_per = \"1day\"`",
+        );
+    }
+    Ok(Dur::Millis(
+        whole_millis(lit, "once_per", period)?,
+        lit.span(),
+    ))
 }
 
 /// `"skip"` (the default) or `"return"`: whether an acquisition error is
@@ -252,7 +364,7 @@ fn whole_millis(lit: &LitStr, key: &str, d: Duration) -> syn::Result<u64> {
             ),
         ));
     }
-    // At most 24 h, so this fits easily.
+    // At most 366 days, so this fits easily.
     Ok(d.as_millis() as u64)
 }
 
@@ -401,6 +513,47 @@ mod tests {
     }
 
     #[test]
+    fn graces_are_checked_against_a_literal_ttl() {
+        let secs = |n| Some(Duration::from_secs(n));
+        // ttl 3 s: margin 32 ms, half 1.5 s.
+        assert_eq!(ms(check_grace(&lit("32ms"), secs(3))), Ok(32));
+        assert_eq!(ms(check_grace(&lit("1500ms"), secs(3))), Ok(1500));
+        let low = ms(check_grace(&lit("31ms"), secs(3))).unwrap_err();
+        assert!(low.contains("at least 32ms for a ttl of 3s"), "{low}");
+        let high = ms(check_grace(&lit("1501ms"), secs(3))).unwrap_err();
+        assert!(high.contains("at most 1500ms for a ttl of 3s"), "{high}");
+        // ttl 10 ms: margin 2.1 ms.
+        let low = ms(check_grace(&lit("2ms"), Some(Duration::from_millis(10)))).unwrap_err();
+        assert!(low.contains("at least 2.1ms"), "{low}");
+        // A ttl expression: the range is the runtime's to check.
+        assert_eq!(ms(check_grace(&lit("1ms"), None)), Ok(1));
+        assert!(ms(check_grace(&lit("13h"), None)).is_err());
+        assert!(ms(check_grace(&lit("1.5ms"), secs(3))).is_err());
+        assert!(ms(check_grace(&lit("20x"), secs(3))).is_err());
+    }
+
+    #[test]
+    fn once_pers() {
+        let once_per = |s: &str| ms(check_once_per(&lit(s)));
+        assert_eq!(once_per("1h"), Ok(3_600_000));
+        assert_eq!(once_per("1ms"), Ok(1));
+        assert_eq!(once_per("366days"), Ok(366 * 86_400_000));
+        assert!(once_per("0s").unwrap_err().contains("must not be zero"));
+        assert!(
+            once_per("367days")
+                .unwrap_err()
+                .contains("at most 366 days")
+        );
+        assert!(
+            once_per("1500us")
+                .unwrap_err()
+                .contains("`once_per` must be whole milliseconds")
+        );
+        let bad = once_per("1x").unwrap_err();
+        assert!(bad.starts_with("invalid `once_per` \"1x\""), "{bad}");
+    }
+
+    #[test]
     fn on_error_values() {
         assert_eq!(check_on_error(&lit("skip")).ok(), Some(false));
         assert_eq!(check_on_error(&lit("return")).ok(), Some(true));
@@ -408,9 +561,9 @@ mod tests {
         assert!(bad.contains("not \"Return\""), "{bad}");
     }
 
-    /// The macro's limits are `lease`'s (here a dev-dependency, which a
+    /// The macro's limits are `leasehold`'s (here a dev-dependency, which a
     /// proc-macro crate cannot have as a dependency): at each boundary, the
-    /// last value `lease` accepts passes and one step past it fails, so a
+    /// last value `leasehold` accepts passes and one step past it fails, so a
     /// limit changed in either crate alone fails this test.
     #[test]
     fn limits_are_the_runtimes() {
@@ -419,7 +572,7 @@ mod tests {
         let max_hold = |d: Duration| ms(check_hold(&lit(&format_ms(d)), Key::MaxHold));
         let wait = |d: Duration| ms(check_hold(&lit(&format_ms(d)), Key::Wait));
         let name = |len: usize| check_name(&lit(&"x".repeat(len))).map_err(|e| e.to_string());
-        let (min_ttl, max_ttl) = (lease::MIN_TTL, lease::MAX_TTL);
+        let (min_ttl, max_ttl) = (leasehold::MIN_TTL, leasehold::MAX_TTL);
         let step = Duration::from_millis(1);
 
         assert_eq!(ttl(min_ttl), Ok(min_ttl.as_millis() as u64));
@@ -445,10 +598,17 @@ mod tests {
             );
         }
 
-        assert_eq!(name(lease::MAX_NAME_LEN), Ok(()));
-        let long = name(lease::MAX_NAME_LEN + 1).unwrap_err();
+        let once_per = |d: Duration| ms(check_once_per(&lit(&format_ms(d))));
+        let max_period = leasehold::MAX_PERIOD;
+        assert_eq!(once_per(max_period), Ok(max_period.as_millis() as u64));
+        let above = once_per(max_period + step).unwrap_err();
+        assert!(above.contains("at most 366 days"), "{above}");
+        assert_eq!(once_per(step), Ok(1), "the shortest period is 1 ms");
+
+        assert_eq!(name(leasehold::MAX_NAME_LEN), Ok(()));
+        let long = name(leasehold::MAX_NAME_LEN + 1).unwrap_err();
         assert!(
-            long.contains(&format!("at most {} bytes", lease::MAX_NAME_LEN)),
+            long.contains(&format!("at most {} bytes", leasehold::MAX_NAME_LEN)),
             "{long}"
         );
     }

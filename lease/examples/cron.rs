@@ -3,7 +3,7 @@
 //! runs the job.
 //!
 //! ```sh
-//! cargo run -p lease --features sqlite --example cron
+//! cargo run -p leasehold --features sqlite --example cron
 //! ```
 //!
 //! Each replica is what one pod of a service runs: a `JobScheduler` with the
@@ -15,15 +15,16 @@
 //!
 //! A cron scheduler does not fire on the dot: `tokio-cron-scheduler` looks
 //! for due jobs every 500 ms, so two replicas fire the same tick up to half
-//! a second apart. `min_hold = "1s"` keeps the lease past that (and below
-//! the two-second period), so that the later replica finds it held instead
-//! of running the job a second time. After three runs, the example stops
-//! its schedulers and exits.
+//! a second apart, and by then the first one's job has finished and its
+//! lease is free. `once_per = "2s"` makes each two-second slot of the
+//! schedule run once: the later replica finds its slot claimed and skips,
+//! however late it fires. After three runs, the example stops its
+//! schedulers and exits.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease::backend::SqliteTable;
-use lease::{Lease, singleton};
+use leasehold::backend::SqliteTable;
+use leasehold::{Lease, singleton};
 use tokio::sync::mpsc;
 use tokio_cron_scheduler::{Job, JobScheduler};
 
@@ -33,7 +34,7 @@ const REPLICAS: u32 = 2;
 const RUNS: u32 = 3;
 
 /// The job, called by every replica on every tick; the body runs on one.
-#[singleton(name = "send-report", ttl = "30s", min_hold = "1s", lease = replica, fence = fence)]
+#[singleton(name = "send-report", ttl = "30s", once_per = "2s", lease = replica, fence = fence)]
 async fn send_report(replica: &Lease) -> bool {
     let fence = fence.unwrap_or_default();
     println!(
@@ -55,7 +56,11 @@ async fn replica(lease: Lease, ran: mpsc::UnboundedSender<()>) -> Result<JobSche
             if send_report(&lease).await {
                 let _ = ran.send(());
             } else {
-                println!("{} {} skipped: held elsewhere", at(), lease.holder());
+                println!(
+                    "{} {} skipped: this slot ran elsewhere",
+                    at(),
+                    lease.holder()
+                );
             }
         })
     })?;
@@ -97,7 +102,7 @@ async fn main() -> Result<(), Error> {
     let result = tokio::time::timeout(Duration::from_secs(30), ticking).await;
 
     // On the way out (SIGTERM in a real service): stop scheduling, then
-    // release what the replica holds (a lease in its `min_hold`).
+    // release what the replica holds.
     for (mut scheduler, lease) in replicas {
         scheduler.shutdown().await?;
         lease.shutdown().await;

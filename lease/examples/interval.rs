@@ -2,7 +2,7 @@
 //! together, and each tick exactly one of them runs the job.
 //!
 //! ```sh
-//! cargo run -p lease --features sqlite --example interval
+//! cargo run -p leasehold --features sqlite --example interval
 //! ```
 //!
 //! Each replica is what one pod of a service runs: its own [`Lease`] (its
@@ -10,17 +10,20 @@
 //! replica opens for itself, as separate processes would — and its own
 //! interval, which calls the `#[singleton]` fn on every tick. The replicas'
 //! ticks do not come at quite the same instant (clocks, start-up and load
-//! differ; here each tick comes 0 to 40 ms late), so the job keeps its lease
-//! for `min_hold` after a fast run: a replica whose tick comes a little later
-//! finds it held and skips, instead of running the job a second time. Six
-//! ticks, half a second apart, then the example exits.
+//! differ; here each tick comes 0 to 40 ms late), and by the time a late
+//! replica ticks, the job has finished and its lease is free. `once_per`
+//! makes each half-second slot run once: the late replica finds its slot
+//! claimed and skips, instead of running the job a second time. The
+//! intervals start in the middle of a slot, so that one tick of every
+//! replica falls in one slot. Six ticks, half a second apart, then the
+//! example exits.
 
 use std::hash::{BuildHasher, RandomState};
 use std::time::Duration;
 
-use lease::backend::SqliteTable;
-use lease::{Lease, singleton};
-use tokio::time::{MissedTickBehavior, interval, sleep};
+use leasehold::backend::SqliteTable;
+use leasehold::{Lease, singleton};
+use tokio::time::{MissedTickBehavior, interval_at, sleep};
 
 const REPLICAS: u32 = 3;
 const TICKS: u32 = 6;
@@ -28,10 +31,10 @@ const PERIOD: Duration = Duration::from_millis(500);
 
 /// The job, called by every replica on every tick; the body runs on one.
 ///
-/// `min_hold` must be longer than the replicas' ticks are apart (40 ms here)
-/// and shorter than the period, so that the next tick finds the lease free.
-/// `ttl` bounds how long a crashed replica keeps the job from running.
-#[singleton(name = "send-digest", ttl = "30s", min_hold = "300ms", lease = replica, fence = fence)]
+/// `once_per` is the ticks' period: one run per slot of it across the
+/// replicas. `ttl` bounds how long a crashed replica keeps the job from
+/// running.
+#[singleton(name = "send-digest", ttl = "30s", once_per = "500ms", lease = replica, fence = fence)]
 async fn send_digest(replica: &Lease, tick: u32) -> bool {
     let fence = fence.unwrap_or_default();
     println!(
@@ -45,7 +48,7 @@ async fn send_digest(replica: &Lease, tick: u32) -> bool {
 /// One replica: an interval, and the job on every tick. How many times it
 /// ran the job.
 async fn replica(lease: Lease) -> u32 {
-    let mut ticks = interval(PERIOD);
+    let mut ticks = interval_at(mid_slot(), PERIOD);
     // After a stall, skip the ticks that were missed instead of firing them
     // all at once: the job runs on the schedule, not in a burst.
     ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
@@ -56,12 +59,27 @@ async fn replica(lease: Lease) -> u32 {
         if send_digest(&lease, tick).await {
             ran += 1;
         } else {
-            println!("tick {tick} | {} skipped: held elsewhere", lease.holder());
+            println!(
+                "tick {tick} | {} skipped: this slot ran elsewhere",
+                lease.holder()
+            );
         }
     }
     // On the way out (SIGTERM in a real service): release what it holds now.
     lease.shutdown().await;
     ran
+}
+
+/// The middle of the next slot of [`PERIOD`] (slots count from the Unix
+/// epoch), so that ticks a few milliseconds apart fall in one slot.
+fn mid_slot() -> tokio::time::Instant {
+    let period = PERIOD.as_millis();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let wait = period - now % period + period / 2;
+    tokio::time::Instant::now() + Duration::from_millis(u64::try_from(wait).unwrap_or(0))
 }
 
 /// How late this replica's tick comes: 0 to 40 ms, at random.

@@ -5,14 +5,16 @@
 //! Run it twice, in two terminals:
 //!
 //! ```sh
-//! cargo run -p lease --features sqlite --example leader   # terminal 1: leads
-//! cargo run -p lease --features sqlite --example leader   # terminal 2: follows
+//! cargo run -p leasehold --features sqlite --example leader   # terminal 1: leads
+//! cargo run -p leasehold --features sqlite --example leader   # terminal 2: follows
 //! ```
 //!
 //! Both open the same file (`lease-leader.db` in the temp directory, or
-//! the path given as the argument) and call `Lease::elect`. The leader
-//! prints a line for each round of work with its fencing token; the other
-//! prints whom it follows. Press Ctrl-C in the leader's terminal: it
+//! the path given as the argument) and call `Lease::elect`, each
+//! proclaiming the address it would serve on (`Election::proclaim`). The
+//! leader prints a line for each round of work with its fencing token; the
+//! other prints whom it follows and where that leader is — what a follower
+//! needs to forward requests to it. Press Ctrl-C in the leader's terminal: it
 //! resigns (releases the lease) and exits, and the follower leads within
 //! about a poll (SQLite cannot push releases: waiters poll every ttl/10,
 //! here 1 s) — not after the ttl of 10 s, which is what a leader that
@@ -24,8 +26,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use lease::backend::SqliteTable;
-use lease::{Leadership, Lease};
+use leasehold::backend::SqliteTable;
+use leasehold::{Leadership, Lease};
 
 /// The lease both processes elect on.
 const NAME: &str = "leader-demo";
@@ -51,6 +53,9 @@ pub(crate) async fn run(db: &Path) -> Result<()> {
     let me = lease.holder().to_owned();
     println!("{me} | electing on {}", db.display());
     let election = lease.elect(NAME, TTL);
+    // Where this process would serve, should it lead (a made-up port).
+    let address = format!("127.0.0.1:{}", 8000 + std::process::id() % 1000);
+    election.proclaim(address.as_str())?;
     let mut state = election.watch();
     // Installs the SIGINT handler when first polled, in the first turn of
     // the loop below: from then on Ctrl-C no longer kills the process.
@@ -62,9 +67,10 @@ pub(crate) async fn run(db: &Path) -> Result<()> {
             term = election.leading() => term,
             changed = state.changed() => {
                 changed?;
-                if let Leadership::Following { leader } = &*state.borrow_and_update() {
+                if let Leadership::Following { leader, value } = &*state.borrow_and_update() {
                     let leader = leader.as_deref().unwrap_or("someone");
-                    println!("{me} | following {leader}");
+                    let at = value.as_deref().unwrap_or("an unknown address");
+                    println!("{me} | following {leader} at {at}");
                 }
                 continue;
             }
@@ -79,7 +85,7 @@ pub(crate) async fn run(db: &Path) -> Result<()> {
         let fence = term
             .fencing_token()
             .map_or_else(|| "none".to_owned(), |f| f.to_string());
-        println!("{me} | leading, fencing token {fence}");
+        println!("{me} | leading, fencing token {fence}, serving at {address}");
         let token = term.token();
         let mut work = tokio::time::interval(ROUND);
         for round in 1.. {

@@ -1,7 +1,7 @@
 //! Three pods, one job, one SQLite file: each tick exactly one pod runs the job.
 //!
 //! ```sh
-//! cargo run -p lease --features sqlite --example pods
+//! cargo run -p leasehold --features sqlite --example pods
 //! ```
 //!
 //! The example starts three copies of itself as separate processes ("pods")
@@ -19,8 +19,8 @@
 use std::process::{Child, Command};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lease::backend::SqliteTable;
-use lease::{Lease, LeaseGuard};
+use leasehold::backend::SqliteTable;
+use leasehold::{Lease, LeaseGuard};
 
 const PODS: u32 = 3;
 const NAME: &str = "demo-job";
@@ -171,7 +171,7 @@ async fn current_holder(table: &SqliteTable) -> Result<Option<String>> {
         "SELECT holder FROM {} WHERE name = ?1 AND expires_at > {now}",
         table.table()
     );
-    let holder = lease::sqlx::query_scalar(lease::sqlx::AssertSqlSafe(sql))
+    let holder = leasehold::sqlx::query_scalar(leasehold::sqlx::AssertSqlSafe(sql))
         .bind(NAME)
         .fetch_optional(table.pool())
         .await?;

@@ -21,8 +21,9 @@
 //! [`Election`](crate::Election)) learns of a release by the server's push
 //! where it can ([`released`](Backend::released)): `PgTable` and
 //! `PgAdvisory` by `LISTEN/NOTIFY`, `Redis` by `PUBLISH` (given a client
-//! for the subscription); the others, and every backend for a lease that
-//! expired, by polling.
+//! for the subscription), `Etcd` by a watch, which also sees a lease
+//! expire; the others, and the others for a lease that expired, by
+//! polling.
 //!
 //! [`acquire`]: Backend::acquire
 //! [`renew`]: Backend::renew
@@ -46,11 +47,13 @@ pub use memory::Memory;
 )]
 mod table;
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
+pub(crate) use table::check_in;
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql"))]
 #[cfg_attr(
     docsrs,
     doc(cfg(any(feature = "sqlite", feature = "postgres", feature = "mysql")))
 )]
-pub use table::{Dialect, Table};
+pub use table::{CheckIn, Dialect, Table};
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use table::{MySqlDialect, MySqlTable};
@@ -67,7 +70,7 @@ mod pg_advisory;
 #[cfg(feature = "postgres")]
 pub use pg_advisory::PgAdvisory;
 
-#[cfg(any(feature = "postgres", feature = "redis"))]
+#[cfg(any(feature = "postgres", feature = "redis", feature = "etcd"))]
 mod push;
 
 #[cfg(feature = "etcd")]
@@ -109,7 +112,7 @@ pub use self::redis::Redis;
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Acquisition, Backend, Error, Grant};
+/// use leasehold::{Acquisition, Backend, Error, Grant};
 ///
 /// struct GrantAll;
 ///
@@ -126,7 +129,7 @@ pub use self::redis::Redis;
 /// }
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let lease = lease::Lease::new(GrantAll);
+/// let lease = leasehold::Lease::new(GrantAll);
 /// let guard = lease.try_acquire("job", Duration::from_secs(1)).await.unwrap().unwrap();
 /// assert_eq!(guard.fencing_token(), None);
 /// guard.release().await.unwrap();
@@ -240,14 +243,18 @@ pub trait Backend: Send + Sync + 'static {
         async { Err(Error::Unsupported { operation: "list" }) }
     }
 
-    /// End the lease on `name` now, whoever holds it — for an operator
-    /// whose job is stuck (`lease release --force`). `Ok(true)` if a live
-    /// lease was ended, `Ok(false)` if `name` was not held.
+    /// Evict whoever holds the lease on `name`, with a *lock delay* — for an
+    /// operator whose job is stuck (`lease release --force`). `Ok(true)` if a
+    /// live lease was evicted, `Ok(false)` if `name` was not held.
     ///
-    /// The fencing counter is kept: the next acquisition gets a larger
-    /// fencing token than the evicted one. The evicted holder is not told
-    /// at once: its next renewal finds the lease gone, and its token is
-    /// cancelled then (within `ttl/3` of the eviction).
+    /// The evicted acquisition's renewals fail from now on (its token fires
+    /// at its next renewal, within `ttl/3`), and nobody is granted `name`
+    /// before the expiry the backend last set for it (DESIGN §6.1): the
+    /// evicted holder's job has that long to stop. [`inspect`](Backend::inspect)
+    /// reports the name as [`forced`](LeaseInfo::forced) until then. The
+    /// fencing counter is kept: the next acquisition gets a larger fencing
+    /// token. [`force_release_now`](Backend::force_release_now) is the
+    /// immediate kind, for a holder known to be dead.
     ///
     /// The default answers [`Error::Unsupported`].
     ///
@@ -289,11 +296,126 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default answers `None`: the renewals, every `ttl/3`, are all
     /// there is. `PgAdvisory` watches the connection that holds the lock
-    /// (see its docs, "Prompt loss"). The future is dropped once the lease
+    /// (see its docs, "Prompt loss"); `Etcd` watches the key (see its
+    /// docs, "Waiting and watching"). The future is dropped once the lease
     /// has ended; it must not keep anything of the lease alive.
     fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
         let _ = lease;
         None::<std::future::Pending<()>>
+    }
+
+    /// Acquire as [`acquire`](Backend::acquire) does, with what a job asks
+    /// beyond the lease: a schedule slot to claim ([`Request::once_per`],
+    /// DESIGN §6.2) and a value to publish with it ([`Request::value`],
+    /// §6.4), each in the acquisition's own statement (one round trip).
+    ///
+    /// With `once_per`, the slot is `floor(clock / period)` by the
+    /// backend's own clock where it has one (else the caller's); a slot at
+    /// or below the last one recorded for the name is refused with
+    /// [`Acquired::AlreadyRan`], whoever holds the lease. Without
+    /// `retry_failed` the slot is recorded with the grant; with it, only by
+    /// [`release_ran`](Backend::release_ran). The record outlives release
+    /// and expiry and never goes back.
+    ///
+    /// The default serves a request without either by
+    /// [`acquire`](Backend::acquire) and refuses one with either:
+    /// [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Backend::acquire); [`Error::Unsupported`] for what the
+    /// backend cannot store.
+    fn acquire_with(
+        &self,
+        request: Request<'_>,
+    ) -> impl Future<Output = Result<Acquired, Error>> + Send {
+        async move {
+            if request.once_per.is_some() {
+                return Err(Error::Unsupported {
+                    operation: "once_per",
+                });
+            }
+            if request.value.is_some() {
+                return Err(Error::Unsupported {
+                    operation: "proclaim",
+                });
+            }
+            let grant = self
+                .acquire(request.name, request.holder, request.ttl)
+                .await?;
+            Ok(grant.map_or(
+                Acquired::HeldElsewhere { expires_in: None },
+                Acquired::Granted,
+            ))
+        }
+    }
+
+    /// Release `lease` as [`release`](Backend::release) does and record
+    /// `slot` as run for its name (never lowering the record), in one
+    /// statement: the end of a successful run with
+    /// [`OncePer::retry_failed`]. The slot is recorded even if `lease` is
+    /// no longer the current acquisition (the run did succeed).
+    ///
+    /// The default answers [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Backend::release).
+    fn release_ran(
+        &self,
+        lease: Acquisition<'_>,
+        slot: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        let _ = (lease, slot);
+        async {
+            Err(Error::Unsupported {
+                operation: "once_per",
+            })
+        }
+    }
+
+    /// Publish `value` (or clear it, `None`) with `lease`, iff `lease` is
+    /// still the current acquisition of its name: `Ok(false)` otherwise.
+    /// One statement; [`inspect`](Backend::inspect) reports the value while
+    /// the lease is held, and a backend that pushes releases also wakes
+    /// [`released`](Backend::released) waiters of the name.
+    ///
+    /// The default answers [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], or the backend's error when it cannot be asked.
+    fn publish(
+        &self,
+        lease: Acquisition<'_>,
+        value: Option<&str>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = (lease, value);
+        async {
+            Err(Error::Unsupported {
+                operation: "proclaim",
+            })
+        }
+    }
+
+    /// End the lease on `name` now, whoever holds it, and let it pass on at
+    /// once — for a holder known to be dead (`lease release --force
+    /// --now`). `Ok(true)` if a live lease was ended. The fencing counter is
+    /// kept. Unlike [`force_release`](Backend::force_release), a holder
+    /// still running may overlap with the next one until its next renewal.
+    ///
+    /// The default answers [`Error::Unsupported`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unsupported`], or the backend's error when it cannot be asked.
+    fn force_release_now(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        let _ = name;
+        async {
+            Err(Error::Unsupported {
+                operation: "force_release_now",
+            })
+        }
     }
 }
 
@@ -315,6 +437,14 @@ pub struct LeaseInfo {
     pub expires_in: Option<Duration>,
     /// The fencing token of its last acquisition, if the backend has them.
     pub fencing_token: Option<u64>,
+    /// The value its holder published ([`Backend::publish`], an election's
+    /// `proclaim`), while it is held.
+    pub value: Option<String>,
+    /// The last schedule slot recorded for the name ([`Request::once_per`]).
+    pub slot: Option<u64>,
+    /// Evicted by [`Backend::force_release`]: held by nobody, yet granted to
+    /// nobody until `expires_in` has passed (the lock delay).
+    pub forced: bool,
 }
 
 impl LeaseInfo {
@@ -330,10 +460,30 @@ impl LeaseInfo {
             holder: holder.into(),
             expires_in,
             fencing_token,
+            value: None,
+            slot: None,
+            forced: false,
         }
     }
 
-    /// Someone holds the lease now (it has not expired or been released).
+    /// The same, with the value its holder published.
+    pub fn with_value(self, value: Option<String>) -> Self {
+        Self { value, ..self }
+    }
+
+    /// The same, with the last schedule slot recorded for the name.
+    pub fn with_slot(self, slot: Option<u64>) -> Self {
+        Self { slot, ..self }
+    }
+
+    /// The same, marked as force-released and kept from new holders until
+    /// it expires ([`forced`](LeaseInfo::forced)).
+    pub fn with_forced(self, forced: bool) -> Self {
+        Self { forced, ..self }
+    }
+
+    /// Someone holds the lease now (it has not expired or been released),
+    /// or nobody may take it yet (it was [`forced`](LeaseInfo::forced)).
     pub fn is_held(&self) -> bool {
         self.expires_in.is_some()
     }
@@ -351,13 +501,142 @@ pub struct Grant {
     /// earlier acquisition of the same name, unchanged by an idempotent
     /// re-acquire. `None` when the backend cannot provide one.
     pub fencing_token: Option<u64>,
+    /// The schedule slot this acquisition claimed ([`Request::once_per`]).
+    pub slot: Option<u64>,
+    /// The last slot recorded for the name before this one, if any: slots
+    /// between the two were missed.
+    pub last_slot: Option<u64>,
 }
 
 impl Grant {
     /// A grant with the given fencing token (`None` if the backend has none).
     pub fn new(fencing_token: Option<u64>) -> Self {
-        Self { fencing_token }
+        Self {
+            fencing_token,
+            slot: None,
+            last_slot: None,
+        }
     }
+
+    /// The same, having claimed `slot`; `last` was recorded before it.
+    pub fn with_slot(self, slot: u64, last: Option<u64>) -> Self {
+        Self {
+            slot: Some(slot),
+            last_slot: last,
+            ..self
+        }
+    }
+}
+
+/// What [`Backend::acquire_with`] is asked: an acquisition of `name` by
+/// `holder` for `ttl`, and what the job asks beyond it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Request<'a> {
+    /// The lease's name.
+    pub name: &'a str,
+    /// Who asks for it.
+    pub holder: &'a str,
+    /// Its time-to-live.
+    pub ttl: Duration,
+    /// Claim a schedule slot (DESIGN §6.2).
+    pub once_per: Option<OncePer>,
+    /// Publish this value with the lease (an election's `proclaim`, §6.4).
+    pub value: Option<&'a str>,
+}
+
+impl<'a> Request<'a> {
+    /// A plain acquisition of `name` by `holder` for `ttl`.
+    pub fn new(name: &'a str, holder: &'a str, ttl: Duration) -> Self {
+        Self {
+            name,
+            holder,
+            ttl,
+            once_per: None,
+            value: None,
+        }
+    }
+
+    /// The same, claiming a schedule slot.
+    pub fn once_per(self, once_per: OncePer) -> Self {
+        Self {
+            once_per: Some(once_per),
+            ..self
+        }
+    }
+
+    /// The same, publishing `value` with the lease.
+    pub fn value(self, value: &'a str) -> Self {
+        Self {
+            value: Some(value),
+            ..self
+        }
+    }
+}
+
+/// A schedule slot to claim with an acquisition ([`Request::once_per`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OncePer {
+    /// The schedule's period: the slot is `floor(clock / period)`, with the
+    /// clock in milliseconds since the Unix epoch.
+    pub period: Duration,
+    /// Record the slot only when the run succeeds
+    /// ([`Backend::release_ran`]) instead of with the grant.
+    pub retry_failed: bool,
+}
+
+impl OncePer {
+    /// Claim one slot of `period`, recorded with the grant.
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            retry_failed: false,
+        }
+    }
+
+    /// The same, recorded only when the run succeeds.
+    pub fn retry_failed(self, retry_failed: bool) -> Self {
+        Self {
+            retry_failed,
+            ..self
+        }
+    }
+
+    /// The period in whole milliseconds (at least 1), as the backends'
+    /// statements divide by it.
+    pub fn period_ms(&self) -> u64 {
+        u64::try_from(self.period.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// The slot of `clock_ms` (milliseconds since the Unix epoch).
+    pub fn slot_at(&self, clock_ms: u64) -> u64 {
+        clock_ms / self.period_ms()
+    }
+}
+
+/// What [`Backend::acquire_with`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Acquired {
+    /// The caller now holds the lease.
+    Granted(Grant),
+    /// Another holder has an unexpired lease (or nobody may take it yet:
+    /// [`LeaseInfo::forced`]).
+    HeldElsewhere {
+        /// How long until it expires, by the backend's clock, if the
+        /// backend can tell without another request: a waiter then tries
+        /// again at the expiry itself.
+        expires_in: Option<Duration>,
+    },
+    /// The schedule slot asked for was recorded already (a run claimed it,
+    /// or succeeded in it): `slot` is the slot asked for.
+    AlreadyRan {
+        /// The slot of the request.
+        slot: u64,
+    },
 }
 
 /// One acquisition of a lease, which a [`Backend::renew`] or
@@ -374,9 +653,9 @@ impl Grant {
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Acquisition, Backend, backend::Memory};
+/// use leasehold::{Acquisition, Backend, backend::Memory};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), leasehold::Error> {
 /// let db = Memory::new();
 /// let ttl = Duration::from_secs(30);
 /// let first = db.acquire("report", "pod-a", ttl).await?.expect("free");
@@ -460,6 +739,33 @@ impl<B: Backend> Backend for Arc<B> {
     fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
         B::lost(self, lease)
     }
+
+    fn acquire_with(
+        &self,
+        request: Request<'_>,
+    ) -> impl Future<Output = Result<Acquired, Error>> + Send {
+        B::acquire_with(self, request)
+    }
+
+    fn release_ran(
+        &self,
+        lease: Acquisition<'_>,
+        slot: u64,
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        B::release_ran(self, lease, slot)
+    }
+
+    fn publish(
+        &self,
+        lease: Acquisition<'_>,
+        value: Option<&str>,
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        B::publish(self, lease, value)
+    }
+
+    fn force_release_now(&self, name: &str) -> impl Future<Output = Result<bool, Error>> + Send {
+        B::force_release_now(self, name)
+    }
 }
 
 /// Object-safe mirror of [`Backend`], so that [`Lease`](crate::Lease) need not be generic.
@@ -481,14 +787,26 @@ pub(crate) trait DynBackend: Send + Sync + 'static {
         leases: &'a [(Acquisition<'a>, Duration)],
     ) -> BoxFuture<'a, Result<Vec<bool>, Error>>;
     fn inspect<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LeaseInfo>, Error>>;
-    // Mirrored so the trait stays complete; nothing in the crate calls them
-    // through `Lease` (operators call them on the backend itself).
-    #[allow(dead_code)]
     fn list(&self) -> BoxFuture<'_, Result<Vec<LeaseInfo>, Error>>;
-    #[allow(dead_code)]
     fn force_release<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
+    fn force_release_now<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>>;
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()>;
     fn lost(&self, lease: Acquisition<'_>) -> Option<BoxFuture<'static, ()>>;
+    fn acquire_with<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Acquired, Error>>;
+    fn release_ran<'a>(
+        &'a self,
+        lease: Acquisition<'a>,
+        slot: u64,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+    fn publish<'a>(
+        &'a self,
+        lease: Acquisition<'a>,
+        value: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>>;
+    /// The backend itself, for what only some backends offer
+    /// ([`LeaseGuard::check_in`](crate::LeaseGuard::check_in) on a table).
+    #[allow(dead_code)]
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl<B: Backend> DynBackend for B {
@@ -532,11 +850,136 @@ impl<B: Backend> DynBackend for B {
         Box::pin(Backend::force_release(self, name))
     }
 
+    fn force_release_now<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Backend::force_release_now(self, name))
+    }
+
     fn released(&self, name: &str, poll: Duration) -> BoxFuture<'static, ()> {
         Box::pin(Backend::released(self, name, poll))
     }
 
     fn lost(&self, lease: Acquisition<'_>) -> Option<BoxFuture<'static, ()>> {
         Backend::lost(self, lease).map(|f| Box::pin(f) as BoxFuture<'static, ()>)
+    }
+
+    fn acquire_with<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Acquired, Error>> {
+        Box::pin(Backend::acquire_with(self, request))
+    }
+
+    fn release_ran<'a>(
+        &'a self,
+        lease: Acquisition<'a>,
+        slot: u64,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(Backend::release_ran(self, lease, slot))
+    }
+
+    fn publish<'a>(
+        &'a self,
+        lease: Acquisition<'a>,
+        value: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Backend::publish(self, lease, value))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// Any [`Backend`], boxed: one type for a backend chosen at run time (the
+/// `lease` command picks it from a URL). It answers every method as the
+/// backend inside does.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold::backend::{BoxedBackend, Memory};
+///
+/// let chosen = if std::env::var_os("LEASE_URL").is_some() {
+///     BoxedBackend::new(Memory::new()) // a real backend here
+/// } else {
+///     BoxedBackend::new(Memory::new())
+/// };
+/// let lease = leasehold::Lease::new(chosen);
+/// # let _ = lease;
+/// ```
+pub struct BoxedBackend(Box<dyn DynBackend>);
+
+impl BoxedBackend {
+    /// `backend`, boxed.
+    pub fn new(backend: impl Backend) -> Self {
+        Self(Box::new(backend))
+    }
+
+    /// The backend inside, if it is a `B` (for what only one kind of
+    /// backend offers).
+    pub fn downcast_ref<B: Backend>(&self) -> Option<&B> {
+        self.0.as_any().downcast_ref()
+    }
+}
+
+impl std::fmt::Debug for BoxedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BoxedBackend").finish_non_exhaustive()
+    }
+}
+
+impl Backend for BoxedBackend {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
+        self.0.acquire(name, holder, ttl).await
+    }
+
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        self.0.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.0.release(lease).await
+    }
+
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
+        self.0.renew_many(leases).await
+    }
+
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
+        self.0.inspect(name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
+        self.0.list().await
+    }
+
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
+        self.0.force_release(name).await
+    }
+
+    async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
+        self.0.force_release_now(name).await
+    }
+
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.0.released(name, poll)
+    }
+
+    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        self.0.lost(lease)
+    }
+
+    async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
+        self.0.acquire_with(request).await
+    }
+
+    async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
+        self.0.release_ran(lease, slot).await
+    }
+
+    async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
+        self.0.publish(lease, value).await
     }
 }

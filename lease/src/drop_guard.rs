@@ -2,7 +2,7 @@
 //! the code that owns it disarms it first — the one idiom for "clean up if
 //! this path is cut short" in the crate.
 
-use std::ops::Deref;
+use std::ops::{Deref, DerefMut};
 
 /// Holds a value and runs `on_drop` on it when dropped, unless
 /// [`disarm`](DropGuard::disarm)ed, which hands the value back instead.
@@ -36,6 +36,14 @@ impl<T> Deref for DropGuard<T> {
     fn deref(&self) -> &T {
         self.value
             .as_ref()
+            .expect("BUG: a drop guard holds its value until disarmed or dropped")
+    }
+}
+
+impl<T> DerefMut for DropGuard<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.value
+            .as_mut()
             .expect("BUG: a drop guard holds its value until disarmed or dropped")
     }
 }

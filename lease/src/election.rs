@@ -5,19 +5,19 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Entry;
-use crate::{Error, Lease, LeaseGuard};
+use crate::engine::timing::acquire_timeout;
+use crate::engine::{Attempt, Entry, JobOptions};
+use crate::{Error, Lease, LeaseGuard, validate};
 
 /// Where an [`Election`] stands, as [`Election::watch`] reports it.
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Leadership {
-    /// Trying to acquire the lease (at the start, after losing it, or
-    /// while the backend cannot be reached).
+    /// Trying to acquire the lease (at the start, or after losing it).
     Contending,
     /// This election holds the lease: it leads until the term's token is
     /// cancelled.
@@ -29,6 +29,24 @@ pub enum Leadership {
     Following {
         /// Who leads, if the backend can tell ([`Backend::inspect`](crate::Backend::inspect)).
         leader: Option<String>,
+        /// What the leader [proclaimed](Election::proclaim), if anything.
+        value: Option<String>,
+    },
+    /// Contending, but the backend could not be asked: the last attempt
+    /// failed (unreachable, timed out, a server error). The election keeps
+    /// trying, a poll apart; logged at warn when this state or its error
+    /// changes, not at every attempt.
+    Failing {
+        /// The last attempt's error, with its causes.
+        error: String,
+    },
+    /// The election has stopped and will never lead: invalid input (name,
+    /// ttl or holder; read from the start), no Tokio runtime, or the lease
+    /// client was [shut down](Lease::shutdown). Logged at error (shut down:
+    /// debug); [`resign`](Election::resign) returns the error.
+    Stopped {
+        /// Why, with its causes.
+        error: String,
     },
 }
 
@@ -39,27 +57,125 @@ pub enum Leadership {
 /// resigned, or the election dropped. Stop leading as soon as it fires, and
 /// pass the [`fencing_token`](Term::fencing_token) to the resources the
 /// leader writes to.
+///
+/// A `Term` is the leader's *body* (DESIGN §6.1): while any clone of it is
+/// alive, the leader may still be acting, so a resigned or dropped
+/// [`Election`] releases its lease only once every clone has been dropped
+/// — at most its grace after the token fired ([`Job::grace`](crate::Job::grace):
+/// `ttl/3`); after that the lease is left to expire on the server, never
+/// released under a leader still running. Drop the `Term` (and its clones)
+/// when the leader's work has stopped: while a clone of an ended term is
+/// alive, its election does not lead again either.
 #[derive(Clone, Debug)]
 pub struct Term {
+    body: Arc<TermBody>,
+}
+
+/// What the clones of one [`Term`] share: the lease, and the way back of
+/// its guard to the election once the last clone is dropped.
+#[derive(Debug)]
+struct TermBody {
     entry: Arc<Entry>,
+    /// The term's lease, sent back to the election when the last clone is
+    /// dropped; if the election no longer waits for it (its grace is over),
+    /// the guard is dropped, which releases the lease in the background —
+    /// safe then: the leader's body has ended.
+    guard: Mutex<Option<(LeaseGuard, oneshot::Sender<LeaseGuard>)>>,
+}
+
+impl Drop for TermBody {
+    fn drop(&mut self) {
+        let taken = self
+            .guard
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some((guard, back)) = taken {
+            // Err: nobody waits for it any more; dropping it releases.
+            drop(back.send(guard));
+        }
+    }
 }
 
 impl Term {
+    /// A term holding `guard`; the guard comes back on `back` once every
+    /// clone of the term is dropped.
+    fn new(guard: LeaseGuard, back: oneshot::Sender<LeaseGuard>) -> Self {
+        Term {
+            body: Arc::new(TermBody {
+                entry: guard.entry().clone(),
+                guard: Mutex::new(Some((guard, back))),
+            }),
+        }
+    }
+
     /// Cancelled when this term ends.
     pub fn token(&self) -> CancellationToken {
-        self.entry.cancel.clone()
+        self.body.entry.cancel.clone()
     }
 
     /// The fencing token of this term's acquisition, if the backend has them.
     pub fn fencing_token(&self) -> Option<u64> {
-        self.entry.fencing_token
+        self.body.entry.fencing_token
     }
 
     /// True while this term lasts, judged by reading the clock now (the
     /// engine's deadline rules apply: false once the lease's local deadline
     /// has passed, even before the token fires).
     pub fn is_valid(&self) -> bool {
-        self.entry.is_valid()
+        self.body.entry.is_valid()
+    }
+
+    /// [`LeaseGuard::check_in`] for this term's lease: in the caller's
+    /// transaction on the lease's own database, `Ok` iff the term's
+    /// acquisition still holds the lease by the server's clock, and then no
+    /// other candidate can be granted it until that transaction ends. Keep
+    /// the transaction shorter than the grace (the leader's own renewals
+    /// wait for it).
+    ///
+    /// # Errors
+    ///
+    /// As [`LeaseGuard::check_in`]; [`Error::NotHeld`] also once the
+    /// term's lease has gone back to its election.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`LeaseGuard::check_in`].
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+    )]
+    pub async fn check_in<C: crate::CheckIn>(&self, conn: &mut C) -> Result<(), Error> {
+        let Some((engine, entry)) = self.lease() else {
+            let name = self.body.entry.name.to_string();
+            return Err(Error::NotHeld { name });
+        };
+        crate::guard::check_in(&engine, &entry, conn).await
+    }
+
+    /// The engine and the entry of the term's lease, while its guard is
+    /// here (until the last clone is dropped).
+    fn lease(&self) -> Option<(Arc<crate::engine::Engine>, Arc<Entry>)> {
+        let guard = self.body.guard.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_ref().map(|(guard, _)| guard.publisher())
+    }
+
+    /// Publish `value` with the term's lease, bounded by the release's time
+    /// limit; a failure is logged (the renewals tell whether the term lasts).
+    async fn publish(&self, value: Option<&str>) {
+        if let Some((engine, entry)) = self.lease() {
+            engine.publish(&entry, value).await;
+        }
+    }
+
+    /// Tell the leader to stop (the token fires) and keep the lease,
+    /// renewed, while it winds down: up to the grace.
+    fn wind_down(&self) {
+        let guard = self.body.guard.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((guard, _)) = &*guard {
+            guard.wind_down();
+        }
     }
 }
 
@@ -75,30 +191,37 @@ impl Term {
 /// task notices them.
 ///
 /// Dropping an `Election` stops it; if it leads, the lease is released in
-/// the background.
+/// the background once the leader's [`Term`] is dropped (see
+/// [`resign`](Election::resign)).
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Leadership, Lease, backend::Memory};
+/// use leasehold::{Leadership, Lease, backend::Memory};
 ///
 /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() -> Result<(), lease::Error> {
+/// # async fn main() -> Result<(), leasehold::Error> {
 /// let db = Memory::new();
 /// let ttl = Duration::from_secs(10);
 /// let first = Lease::with_holder(db.clone(), "pod-a").elect("scheduler", ttl);
 /// let term = first.leading().await; // pod-a leads
 /// assert!(term.is_valid());
+/// // The leader's work: it runs until the term's token fires, then drops the term.
+/// let worker = tokio::spawn(async move {
+///     term.token().cancelled().await;
+///     term.fencing_token()
+/// });
 ///
 /// let second = Lease::with_holder(db, "pod-b").elect("scheduler", ttl);
 /// let mut seen = second.watch();
 /// seen.wait_for(|l| matches!(l, Leadership::Following { .. })).await.unwrap();
 ///
-/// first.resign().await?; // hands over at once, without waiting for the ttl
-/// assert!(term.token().is_cancelled());
+/// // Hands over as soon as the worker has stopped, without waiting for the ttl.
+/// first.resign().await?;
+/// let old = worker.await.unwrap();
 /// let next = second.leading().await;
-/// assert!(next.fencing_token() > term.fencing_token());
+/// assert!(next.fencing_token() > old);
 /// # Ok(()) }
 /// ```
 #[must_use = "dropping an Election stops it"]
@@ -126,6 +249,10 @@ impl std::fmt::Debug for Election {
 struct Shared {
     /// The current term, while leading.
     term: Mutex<Option<Term>>,
+    /// What this candidate publishes while it leads ([`Election::proclaim`]).
+    value: Mutex<Option<Arc<str>>>,
+    /// Wakes the leading task to publish a new value at once.
+    proclaimed: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -135,6 +262,10 @@ impl Shared {
 
     fn set_term(&self, term: Option<Term>) {
         *self.term.lock().unwrap_or_else(|e| e.into_inner()) = term;
+    }
+
+    fn value(&self) -> Option<Arc<str>> {
+        self.value.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -147,15 +278,26 @@ impl Lease {
     /// does: about one round trip after it where the server can push it,
     /// otherwise within a poll of `ttl/10`.
     ///
-    /// An invalid name or ttl (or no Tokio runtime) stops the election at
-    /// once: it never leads, and [`resign`](Election::resign) returns the
-    /// error.
+    /// An invalid name, ttl or holder (or no Tokio runtime) stops the
+    /// election at once: it never leads, [`watch`](Election::watch) reads
+    /// [`Leadership::Stopped`] from the start, and
+    /// [`resign`](Election::resign) returns the error.
     pub fn elect(&self, name: &str, ttl: Duration) -> Election {
-        let (tx, state) = watch::channel(Leadership::Contending);
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         let name: Arc<str> = name.into();
-        let (task, failed) = match tokio::runtime::Handle::try_current() {
+        // Checked here, not only by the task's first attempt, so that the
+        // first reading of `watch()` says why the election cannot lead
+        // (issue 35).
+        let checked = validate::name(&name)
+            .and_then(|()| validate::ttl(ttl))
+            .and_then(|()| validate::holder(self.holder()))
+            .and_then(|()| tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime));
+        let (tx, state) = watch::channel(match &checked {
+            Ok(_) => Leadership::Contending,
+            Err(e) => stopped(&name, e),
+        });
+        let (task, failed) = match checked {
             Ok(handle) => {
                 let campaign = Campaign {
                     lease: self.clone(),
@@ -167,7 +309,7 @@ impl Lease {
                 };
                 (Some(handle.spawn(campaign.run())), None)
             }
-            Err(_) => (None, Some(Error::NoRuntime)),
+            Err(e) => (None, Some(e)),
         };
         Election {
             name,
@@ -198,8 +340,8 @@ impl Election {
     }
 
     /// Resolves when this election leads (at once if it does): its current
-    /// [`Term`]. Never resolves for an election that stopped (see
-    /// [`Lease::elect`]).
+    /// [`Term`]. Never resolves for an election that stopped:
+    /// [`watch`](Election::watch) then reads [`Leadership::Stopped`].
     ///
     /// # Cancel safety
     ///
@@ -217,8 +359,34 @@ impl Election {
         }
     }
 
-    /// Stop contending and, if leading, release the lease now, so that a
-    /// waiting election takes over without waiting for the ttl.
+    /// Publish `value` (an address, say) while this candidate leads:
+    /// followers read it in [`Leadership::Following`], observers in
+    /// [`Observed`](crate::Observed) ([`Lease::observe`]). It is written
+    /// with each acquisition of the lease and, when called while leading,
+    /// at once (one request, in the background); it ends with the term.
+    /// The last value given is kept for the next terms.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidValue`] for a value over 4 KiB (4,096 bytes). A
+    /// backend that cannot store a value (plain `PgAdvisory`) fails the
+    /// election's next acquisition with [`Error::Unsupported`], seen in
+    /// [`Leadership::Stopped`].
+    pub fn proclaim(&self, value: impl Into<String>) -> Result<(), Error> {
+        let value: String = value.into();
+        validate::value(&value)?;
+        *self.shared.value.lock().unwrap_or_else(|e| e.into_inner()) = Some(value.into());
+        self.shared.proclaimed.notify_one();
+        Ok(())
+    }
+
+    /// Stop contending and, if leading, end the term: its token fires, the
+    /// lease is still renewed while the leader winds down, and it is
+    /// released as soon as every clone of the [`Term`] has been dropped, so
+    /// that a waiting election takes over without waiting for the ttl.
+    /// Returns then, or after the grace (`ttl/3`) if a clone is still
+    /// alive: the lease is then left to expire on the server, never
+    /// released under a leader that may still be acting (DESIGN §6.1).
     ///
     /// # Errors
     ///
@@ -254,76 +422,216 @@ struct Campaign {
 }
 
 impl Campaign {
+    // Every backend call is bounded by a time limit (the engine's for
+    // acquire and release, `acquire_timeout` for inspect) and raced against
+    // `stop`, so that a request that hangs (table backends and PgAdvisory
+    // have no statement timeout) neither keeps a follower from contending
+    // again nor `resign()` from returning (issue 29).
     async fn run(self) -> Result<(), Error> {
         loop {
             if self.stop.is_cancelled() {
                 return Ok(());
             }
             let freed = self.lease.waiter(&self.name, self.ttl);
-            match self.lease.try_acquire(&self.name, self.ttl).await {
-                Ok(Some(guard)) => {
-                    if let Some(resigned) = self.lead(guard).await {
+            // Dropping an acquisition in flight hands out nothing; one that
+            // reached the backend ends at its ttl (`try_acquire`'s cancel
+            // safety).
+            let options = JobOptions {
+                value: self.shared.value(),
+                ..JobOptions::default()
+            };
+            let attempt = tokio::select! {
+                attempt = self.lease.attempt(&self.name, self.ttl, &options) => attempt,
+                () = self.stop.cancelled() => return Ok(()),
+            };
+            let stopped = match attempt {
+                Ok(Attempt::Granted(guard)) => {
+                    if let Some(resigned) = self.lead(guard, options.value).await {
                         return resigned;
                     }
                     continue; // lost: contend again at once
                 }
-                Ok(None) => self.follow().await,
-                Err(Error::ShutDown) => {
-                    tracing::debug!(lease.name = %self.name, "election stopped: the lease client was shut down");
-                    return Err(Error::ShutDown);
-                }
-                Err(e) if e.is_invalid_input() => {
-                    tracing::error!(lease.name = %self.name, error = %e.chain(), "election stopped");
+                Ok(Attempt::Held { .. }) => self.follow(freed).await,
+                Err(e)
+                    if e.is_invalid_input()
+                        || matches!(e, Error::ShutDown | Error::Unsupported { .. }) =>
+                {
+                    self.tx.send_replace(stopped(&self.name, &e));
                     return Err(e);
                 }
                 Err(e) => {
-                    self.tx
-                        .send_if_modified(|s| replace(s, Leadership::Contending));
-                    tracing::warn!(lease.name = %self.name, error = %e.chain(), "election: could not ask the backend; trying again");
+                    // Seen in the state; warned once per change, not at
+                    // every attempt a poll apart (issue 35).
+                    let error = e.chain().to_string();
+                    if self
+                        .tx
+                        .send_if_modified(|s| replace(s, Leadership::Failing { error }))
+                    {
+                        tracing::warn!(lease.name = %self.name, error = %e.chain(), "election: could not ask the backend; trying again");
+                    } else {
+                        tracing::debug!(lease.name = %self.name, error = %e.chain(), "election: the backend still fails; trying again");
+                    }
+                    self.wait(freed).await
                 }
+            };
+            if stopped {
+                return Ok(());
             }
-            tokio::select! {
-                () = freed => {}
-                () = self.stop.cancelled() => return Ok(()),
-            }
+        }
+    }
+
+    /// Wait for `freed` (time to try again): `true` if stopped first.
+    async fn wait(&self, freed: impl Future<Output = ()>) -> bool {
+        tokio::select! {
+            () = freed => false,
+            () = self.stop.cancelled() => true,
         }
     }
 
     /// Lead for one term: until the lease is lost (`None`: contend again)
     /// or the election is stopped (`Some`: the release's outcome).
-    async fn lead(&self, guard: LeaseGuard) -> Option<Result<(), Error>> {
-        let term = Term {
-            entry: guard.entry().clone(),
-        };
+    ///
+    /// Either way the term's body — every clone of its [`Term`] — ends
+    /// before the lease is released (§6.1): the election waits for the last
+    /// clone to be dropped, up to the grace (a resign keeps renewing the
+    /// lease meanwhile); a body still running then keeps the lease, which is
+    /// left to expire, and its guard releases it when the body ends.
+    async fn lead(
+        &self,
+        guard: LeaseGuard,
+        mut published: Option<Arc<str>>,
+    ) -> Option<Result<(), Error>> {
+        let fencing_token = guard.fencing_token();
+        let grace = guard.entry().grace;
+        let (back, guard_back) = oneshot::channel();
+        let term = Term::new(guard, back);
         let token = term.token();
-        self.shared.set_term(Some(term));
-        self.tx.send_replace(Leadership::Leading {
-            fencing_token: guard.fencing_token(),
-        });
-        tracing::info!(lease.name = %self.name, fencing_token = guard.fencing_token(), "leading");
-        let stopped = tokio::select! {
-            () = token.cancelled() => false,
-            () = self.stop.cancelled() => true,
+        self.shared.set_term(Some(term.clone()));
+        self.tx.send_replace(Leadership::Leading { fencing_token });
+        tracing::info!(lease.name = %self.name, fencing_token, "leading");
+        let stopped = loop {
+            tokio::select! {
+                () = token.cancelled() => break false,
+                () = self.stop.cancelled() => break true,
+                () = self.shared.proclaimed.notified() => {
+                    let value = self.shared.value();
+                    if value != published {
+                        term.publish(value.as_deref()).await;
+                        published = value;
+                    }
+                }
+            }
         };
+        if stopped {
+            term.wind_down();
+        }
         self.shared.set_term(None);
         self.tx.send_replace(Leadership::Contending);
+        drop(term);
+        let ended = tokio::time::timeout(grace, guard_back).await;
+        let guard = match ended {
+            Ok(Ok(guard)) => Some(guard),
+            _ => {
+                tracing::warn!(
+                    lease.name = %self.name,
+                    fencing_token,
+                    ?grace,
+                    "the leader still holds its Term at the end of its grace; the lease is left to expire"
+                );
+                None
+            }
+        };
         if stopped {
-            return Some(guard.release().await);
+            return Some(match guard {
+                Some(guard) => guard.release().await,
+                None => Ok(()),
+            });
         }
         tracing::warn!(lease.name = %self.name, "leadership lost; contending again");
         drop(guard); // releases in the background
         None
     }
 
-    /// Another holder has the lease: say who, if the backend can tell.
-    async fn follow(&self) {
-        let leader = match self.lease.inspect(&self.name).await {
+    /// Another holder has the lease: say who, if the backend can tell, and
+    /// wait for `freed`; `true` if stopped first.
+    async fn follow(&self, freed: impl Future<Output = ()>) -> bool {
+        let mut freed = std::pin::pin!(freed);
+        let mut ask = std::pin::pin!(tokio::time::timeout(
+            acquire_timeout(self.ttl),
+            self.lease.inspect(&self.name)
+        ));
+        let asked = tokio::time::Instant::now();
+        let (answer, woken) = tokio::select! {
+            answer = &mut ask => (answer, false),
+            () = &mut freed => {
+                // A wake-up within half a poll of asking (the poll itself
+                // comes 0.8 to 1.2 polls after) is no sign of a slow
+                // answer (Redis wakes its waiters on any release announced
+                // on its channel): let the answer come, then try again.
+                // Later, the answer is slow (a hung request): the election
+                // follows someone it cannot name, and tries again now.
+                if asked.elapsed() >= poll_of(self.ttl) / 2 {
+                    self.tx.send_if_modified(|s| {
+                        !matches!(s, Leadership::Following { .. })
+                            && replace(s, Leadership::Following { leader: None, value: None })
+                    });
+                    return false;
+                }
+                tokio::select! {
+                    answer = &mut ask => (answer, true),
+                    () = self.stop.cancelled() => return true,
+                }
+            }
+            () = self.stop.cancelled() => return true,
+        };
+        let (leader, value, expires_in) = match answer {
             // An empty holder: the backend cannot name it.
-            Ok(Some(info)) if info.is_held() && !info.holder.is_empty() => Some(info.holder),
-            _ => None,
+            Ok(Ok(Some(info))) if info.is_held() && !info.forced => {
+                let leader = Some(info.holder).filter(|h| !h.is_empty());
+                (leader, info.value, info.expires_in)
+            }
+            Ok(Ok(Some(info))) => (None, None, info.expires_in),
+            _ => (None, None, None),
         };
         self.tx
-            .send_if_modified(|s| replace(s, Leadership::Following { leader }));
+            .send_if_modified(|s| replace(s, Leadership::Following { leader, value }));
+        if woken {
+            return false;
+        }
+        // A crashed leader's lease is taken at its expiry (DESIGN §6.5), not
+        // a poll later: wake then too.
+        let at_expiry = expires_in
+            .filter(|left| *left < crate::MAX_TTL)
+            .map(|left| asked + left + EXPIRY_JITTER);
+        tokio::select! {
+            () = freed => false,
+            () = self.stop.cancelled() => true,
+            () = async { tokio::time::sleep_until(at_expiry.unwrap_or(asked)).await }, if at_expiry.is_some() => false,
+        }
+    }
+}
+
+/// How long after a leader's expiry a follower tries (so that the try comes
+/// after it on the server's clock too).
+const EXPIRY_JITTER: Duration = Duration::from_millis(2);
+
+/// The waiter's poll for a lease of `ttl` (`ttl/10`, at most 1 s).
+fn poll_of(ttl: Duration) -> Duration {
+    (ttl / 10).min(Duration::from_secs(1))
+}
+
+/// The state of an election stopped by `error`, logged.
+fn stopped(name: &str, error: &Error) -> Leadership {
+    if matches!(error, Error::ShutDown) {
+        tracing::debug!(
+            lease.name = name,
+            "election stopped: the lease client was shut down"
+        );
+    } else {
+        tracing::error!(lease.name = name, error = %error.chain(), "election stopped");
+    }
+    Leadership::Stopped {
+        error: error.chain().to_string(),
     }
 }
 

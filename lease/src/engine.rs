@@ -10,14 +10,18 @@
 //! | state | slot | who moves it on |
 //! |---|---|---|
 //! | free | none | [`Engine::reserve`] → reserved |
-//! | reserved | `Busy`, owned by a [`Reservation`] | the grant → held ([`Engine::hold`]); no grant, an error, or a dropped acquire → free |
-//! | held | `Held(entry)`, renewed by the scheduler | release or drop of the guard, the end of `min_hold` → releasing ([`Engine::stop`]) |
+//! | reserved | `Busy`, owned by a [`Reservation`] | the grant → held ([`Engine::hold`]), and → releasing at once if a shutdown began meanwhile; no grant, an error, or a dropped acquire → free |
+//! | held | `Held(entry)`, renewed by the scheduler | release or drop of the guard, the end of `min_hold` → releasing ([`Engine::stop`]); a shutdown or `max_hold` → winding down |
+//! | winding down | `Held(entry)`, token cancelled, still renewed | release or drop of the guard (the body ended) → releasing; the end of its grace → left to expire |
 //! | releasing | `Busy`, entry stopped, token cancelled | the backend's answer → free ([`Engine::settle`]) |
 //! | quarantined | `Busy` | a ttl after a release of unknown fate → free |
 //!
 //! A lease *lost* while held (the backend said so, or its deadline passed)
 //! stays held — its token cancelled, no longer renewed — until its guard
-//! releases it. A reserved or releasing name is freed exactly once: by the
+//! releases it. So does one *left to expire* ([`Entry::abandon`]): a body
+//! still running at the end of its grace, or, at a shutdown, a lease kept
+//! for its `min_hold` (DESIGN §6.1: never released while a body may run,
+//! nor before `min_hold`). A reserved or releasing name is freed exactly once: by the
 //! [`Claim`] that owns it, whichever path ends first.
 //!
 //! **Quarantine.** A release whose outcome is unknown (an error, a timeout,
@@ -40,15 +44,53 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::DynBackend;
+use crate::backend::{Acquired, OncePer, Request};
 use crate::drop_guard::DropGuard;
 use crate::{Acquisition, Error, Grant};
 
 mod scheduler;
-mod timing;
+pub(crate) mod timing;
 
 pub(crate) use crate::backend::MAX_BATCH;
 use scheduler::{Scheduler, Watch};
 use timing::{Deadline, Stamp, acquire_timeout, release_timeout, renew_period};
+
+/// What a job may set about its acquisition and how its lease ends
+/// ([`Job`](crate::Job), an [`Election`](crate::Election)).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct JobOptions {
+    /// A ceiling on renewal ([`Job::max_hold`](crate::Job::max_hold)).
+    pub(crate) max_hold: Option<Duration>,
+    /// How long before the lease could pass on its token fires
+    /// ([`Job::grace`](crate::Job::grace)); `None`: [`timing::default_grace`].
+    pub(crate) grace: Option<Duration>,
+    /// The schedule slot to claim ([`Job::once_per`](crate::Job::once_per)).
+    pub(crate) once_per: Option<OncePer>,
+    /// The value to publish with the lease
+    /// ([`Election::proclaim`](crate::Election::proclaim)).
+    pub(crate) value: Option<Arc<str>>,
+}
+
+impl JobOptions {
+    /// The grace for a lease of `ttl`, checked ([`Error::InvalidGrace`]).
+    pub(crate) fn grace(&self, ttl: Duration) -> Result<Duration, Error> {
+        match self.grace {
+            Some(grace) => timing::check_grace(ttl, grace).map(|()| grace),
+            None => Ok(timing::default_grace(ttl)),
+        }
+    }
+}
+
+/// What one acquisition attempt got: the lease (an engine's entry, or its
+/// guard), or another holder has it.
+#[derive(Debug)]
+pub(crate) enum Attempt<T> {
+    /// The lease, now held.
+    Granted(T),
+    /// Another holder has it (or this `Lease` is busy with the name),
+    /// until `expires_in` from now if the backend said.
+    Held { expires_in: Option<Duration> },
+}
 
 /// How long a waiter waits between attempts, jittered (see [`timing::wait_poll`]).
 pub(crate) fn wait_poll(ttl: Duration) -> Duration {
@@ -66,11 +108,24 @@ pub(crate) struct Entry {
     pub(crate) ttl: Duration,
     /// The grant's fencing token, which renewals and the release carry.
     pub(crate) fencing_token: Option<u64>,
-    /// Cancelled when the lease is lost or released.
+    /// The token fires this long before the lease could pass on when
+    /// renewals fail; see [`timing::default_grace`].
+    pub(crate) grace: Duration,
+    /// Cancelled when the lease is lost or released, or its body is told
+    /// to stop (shutdown, `max_hold`).
     pub(crate) cancel: CancellationToken,
+    /// Cancelled once nothing more happens to the lease: its release has
+    /// been answered (or timed out), or it was left to expire. What
+    /// [`Engine::shut_down`] waits for.
+    done: CancellationToken,
     pub(crate) acquired_at: Instant,
-    /// `max_hold`: the token is cancelled and the lease released at this
-    /// instant, renewed or not.
+    /// The schedule slot this acquisition claimed, and how it is recorded
+    /// ([`Job::once_per`](crate::Job::once_per)).
+    pub(crate) slot: Option<(u64, OncePer)>,
+    /// The body succeeded: with `retry_failed`, its release records the slot.
+    pub(crate) succeeded: std::sync::atomic::AtomicBool,
+    /// `max_hold`: the token is cancelled at this instant, and the lease
+    /// winds down (see [`Timing::wind_down_until`]).
     max_hold_until: Option<Instant>,
     timing: Mutex<Timing>,
 }
@@ -99,7 +154,7 @@ impl Loss {
 
 /// Where a held lease stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum State {
+enum LeaseState {
     /// Renewed by the scheduler.
     Live,
     /// Lost (definite loss or deadline passed); the token is cancelled.
@@ -111,7 +166,7 @@ enum State {
 /// The mutable part of an [`Entry`].
 #[derive(Debug)]
 struct Timing {
-    state: State,
+    state: LeaseState,
     /// The token is cancelled when this passes.
     deadline: Deadline,
     next_renew: Instant,
@@ -124,6 +179,14 @@ struct Timing {
     recheck: bool,
     /// Release the lease at this instant unless released earlier (`min_hold`).
     release_at: Option<Instant>,
+    /// Winding down (after a shutdown or `max_hold`): the token is
+    /// cancelled, and the lease is still renewed until this instant (its
+    /// grace) for the body to stop; the guard's release ends it as usual.
+    /// If the body is still running then, the lease is left to expire
+    /// ([`Entry::abandon`]).
+    wind_down_until: Option<Instant>,
+    /// Left to expire on the server: nothing renews or waits for it.
+    abandoned: bool,
 }
 
 impl Entry {
@@ -140,15 +203,17 @@ impl Entry {
     /// clocks now.
     pub(crate) fn is_valid(&self) -> bool {
         let t = self.timing();
-        t.state == State::Live && !t.deadline.passed(Stamp::now()) && !self.cancel.is_cancelled()
+        t.state == LeaseState::Live
+            && !t.deadline.passed(Stamp::now())
+            && !self.cancel.is_cancelled()
     }
 
     /// Mark the lease lost and tell its holder.
     fn lose(&self, t: &mut Timing, holder: &str, reason: Loss, why: &str) {
-        if t.state == State::Live {
-            t.state = State::Lost;
+        if t.state == LeaseState::Live {
+            t.state = LeaseState::Lost;
             self.cancel.cancel();
-            crate::metrics::lost(&self.name, reason);
+            crate::metrics::lost(&self.name, reason.label());
             crate::metrics::held(-1.0);
             tracing::warn!(
                 lease.name = %self.name,
@@ -160,11 +225,57 @@ impl Entry {
         }
     }
 
+    /// Tell the body to stop and keep the lease (renewed) for it until
+    /// `until` at the latest: a shutdown or `max_hold` (DESIGN §6.1). A lease
+    /// lost or released already is only told.
+    fn wind_down(&self, t: &mut Timing, until: Instant) {
+        self.cancel.cancel();
+        if t.state == LeaseState::Live {
+            t.wind_down_until = Some(t.wind_down_until.map_or(until, |at| at.min(until)));
+        }
+    }
+
+    /// Stop renewing the lease and leave it to expire on the server, its
+    /// body (if any) still running: its guard, when it ends, still releases
+    /// it (that is safe then). Logged with `why`, once: at warn for a body
+    /// still running, at info for a lease kept for its `min_hold`.
+    fn abandon(&self, t: &mut Timing, holder: &str, why: &str) {
+        if t.abandoned || t.state == LeaseState::Stopped {
+            return;
+        }
+        let min_hold = t.release_at.is_some();
+        t.abandoned = true;
+        t.wind_down_until = None;
+        t.release_at = None;
+        if t.state == LeaseState::Live {
+            t.state = LeaseState::Lost;
+            crate::metrics::held(-1.0);
+        }
+        self.cancel.cancel();
+        self.done.cancel();
+        if min_hold {
+            tracing::info!(
+                lease.name = %self.name,
+                holder,
+                fencing_token = self.fencing_token,
+                "{why}; leaving the lease unreleased and unrenewed, to expire on the server"
+            );
+        } else {
+            tracing::warn!(
+                lease.name = %self.name,
+                holder,
+                fencing_token = self.fencing_token,
+                grace = ?self.grace,
+                "{why}; leaving the lease unreleased and unrenewed, to expire on the server"
+            );
+        }
+    }
+
     /// How long it stays valid by the monotonic clock (zero once lost,
     /// released or past its deadline).
     pub(crate) fn valid_for(&self) -> Duration {
         let t = self.timing();
-        if t.state != State::Live || self.cancel.is_cancelled() {
+        if t.state != LeaseState::Live || self.cancel.is_cancelled() {
             return Duration::ZERO;
         }
         t.deadline.mono.saturating_duration_since(Instant::now())
@@ -193,6 +304,12 @@ struct Names {
     /// Calls whose time limit the scheduler keeps, by id (see [`Engine::watch`]).
     watches: HashMap<u64, Watch>,
     next_watch: u64,
+    /// Acquisitions in flight ([`Engine::acquire`]), which `shut_down`
+    /// waits for, and when the last of them ends by its time limits (the
+    /// acquire's, then the release of a grant that came after a shutdown
+    /// began); `None` when there are none.
+    acquiring: usize,
+    acquiring_until: Option<Instant>,
 }
 
 /// A name this engine has taken (reserved, or releasing): dropping the
@@ -217,6 +334,8 @@ pub(crate) struct Engine {
     wake: Notify,
     /// Wakes waiters of this `Lease` ([`Engine::freed`]) when a release frees a name.
     freed: Notify,
+    /// Wakes [`Engine::shut_down`] when the last acquisition in flight ends.
+    acquired: Notify,
     /// [`Engine::shut_down`] was called: nothing is acquired any more.
     closed: std::sync::atomic::AtomicBool,
     /// The runtime the scheduler was last started on: a release asked for
@@ -246,6 +365,7 @@ impl Engine {
             names: Mutex::new(Names::default()),
             wake: Notify::new(),
             freed: Notify::new(),
+            acquired: Notify::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
             renewing: Mutex::new(None),
         }
@@ -271,7 +391,9 @@ impl Engine {
             .slots
             .values()
             .filter_map(|slot| match slot {
-                Slot::Held(entry) if entry.timing().state == State::Live => Some(entry.clone()),
+                Slot::Held(entry) if entry.timing().state == LeaseState::Live => {
+                    Some(entry.clone())
+                }
                 _ => None,
             })
             .collect()
@@ -282,30 +404,108 @@ impl Engine {
         self.closed.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Acquire nothing any more; cancel every held lease's token, release
-    /// them all and await the releases (each within its time limit); the
-    /// scheduler exits once nothing is left for it.
+    /// Acquire nothing any more; wait for the acquisitions in flight (a
+    /// grant they get now is released, see [`Engine::acquire`]); wind every
+    /// held lease down (token cancelled, still renewed for up to its grace,
+    /// released by its guard when the body ends) and wait for each to be
+    /// released or left to expire ([`Engine::await_body`]); a lease kept for
+    /// its `min_hold` is left to expire at once. The scheduler exits once
+    /// nothing is left for it.
     pub(crate) async fn shut_down(self: &Arc<Self>) {
         self.closed
             .store(true, std::sync::atomic::Ordering::Release);
+        // §5.3: when this returns nothing is renewed any more, not even a
+        // lease whose grant was on its way when it was called.
+        loop {
+            let mut ended = std::pin::pin!(self.acquired.notified());
+            ended.as_mut().enable();
+            let Some(until) = self.names().acquiring_until else {
+                break;
+            };
+            if tokio::time::timeout_at(until, ended).await.is_err() {
+                // Only a call its caller stopped polling gets here; it still
+                // gives its grant back if one comes.
+                tracing::warn!(holder = %self.holder, "shutdown: an acquisition is still in flight after its time limits; not waiting for it");
+                break;
+            }
+        }
+        let now = Instant::now();
         let held: Vec<Arc<Entry>> = {
             let names = self.names();
-            names
+            let held: Vec<Arc<Entry>> = names
                 .slots
                 .values()
                 .filter_map(|slot| match slot {
                     Slot::Held(entry) => Some(entry.clone()),
                     Slot::Busy => None,
                 })
-                .collect()
-        };
-        let releases = held.iter().map(|entry| self.release(entry));
-        for result in futures_util::future::join_all(releases).await {
-            if let Err(e) = result {
-                tracing::warn!(holder = %self.holder, error = %e.chain(), "shutdown: a release failed; that lease ends at its ttl");
+                .collect();
+            // Under the names lock, as the scheduler's plan: none of them
+            // changes state meanwhile (lock order: names, then timing).
+            for entry in &held {
+                let mut t = entry.timing();
+                if t.release_at.is_some() {
+                    // Its body is done, and the lease kept for `min_hold`:
+                    // releasing it now would let another replica run the
+                    // job again within min_hold. It expires within a ttl.
+                    entry.abandon(&mut t, &self.holder, "shutdown: kept for its min_hold");
+                } else {
+                    entry.wind_down(&mut t, now + entry.grace);
+                }
             }
+            held
+        };
+        // The scheduler plans the ends of the graces.
+        self.wake.notify_one();
+        let bodies = held
+            .iter()
+            .map(|entry| self.await_body(entry, now + entry.grace));
+        futures_util::future::join_all(bodies).await;
+        self.wake.notify_one();
+    }
+
+    /// Tell `entry`'s body to stop and keep the lease (renewed) for it up to
+    /// its grace: what a shutdown does to every lease, for one (an
+    /// election's resign, §6.1). Its guard releases it when the body ends;
+    /// the scheduler leaves it to expire if the body is still running then.
+    pub(crate) fn wind_down(&self, entry: &Arc<Entry>) {
+        {
+            let _names = self.names();
+            let mut t = entry.timing();
+            entry.wind_down(&mut t, Instant::now() + entry.grace);
         }
         self.wake.notify_one();
+    }
+
+    /// Wait until `entry`'s body has ended and its release been answered,
+    /// or until `until` (its grace): then a lease whose body still runs is
+    /// left to expire, and a release under way is awaited (it has its time
+    /// limit, `release_timeout`).
+    async fn await_body(self: &Arc<Self>, entry: &Arc<Entry>, until: Instant) {
+        if tokio::time::timeout_at(until, entry.done.cancelled())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        let releasing = {
+            let _names = self.names();
+            let mut t = entry.timing();
+            if t.state == LeaseState::Stopped {
+                true
+            } else {
+                entry.abandon(
+                    &mut t,
+                    &self.holder,
+                    "shutdown: its body is still running at the end of its grace",
+                );
+                false
+            }
+        };
+        if releasing {
+            let limit = release_timeout(entry.ttl);
+            let _ = tokio::time::timeout(limit, entry.done.cancelled()).await;
+        }
     }
 
     /// Claim `name` within this `Lease` for an acquisition; `None` if this
@@ -336,25 +536,47 @@ impl Engine {
         self: &Arc<Self>,
         reservation: Reservation,
         ttl: Duration,
-        max_hold: Option<Duration>,
-    ) -> Result<Option<Arc<Entry>>, Error> {
-        let limit = acquire_timeout(ttl);
+        options: &JobOptions,
+    ) -> Result<Attempt<Arc<Entry>>, Error> {
+        let grace = options.grace(ttl)?;
+        // Counted until this call ends, release of a late grant included.
+        let Some(_in_flight) = self.start_acquiring(ttl) else {
+            return Err(Error::ShutDown);
+        };
+        // A grant that comes after `ttl - grace` would not be handed out.
+        let limit = acquire_timeout(ttl).min(ttl - grace);
         let timed_out = Error::Timeout {
             operation: "acquire",
             after: limit,
         };
         let sent = Stamp::now();
-        let call = self.backend.acquire(&reservation.1, &self.holder, ttl);
+        let name = &*reservation.1;
         let started = std::time::Instant::now();
-        let answer = timeout(limit, call).await;
+        let answer = timeout(limit, self.ask(name, ttl, options)).await;
         crate::metrics::backend_seconds("acquire", started.elapsed());
         let grant = match answer {
-            Ok(Ok(Some(grant))) => grant,
-            Ok(Ok(None)) => return Ok(None),
+            Ok(Ok(Acquired::Granted(grant))) => grant,
+            Ok(Ok(Acquired::HeldElsewhere { expires_in })) => {
+                return Ok(Attempt::Held { expires_in });
+            }
+            Ok(Ok(Acquired::AlreadyRan { slot })) => {
+                return Err(Error::AlreadyRan {
+                    name: name.to_owned(),
+                    slot,
+                });
+            }
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(timed_out),
         };
-        let entry = self.hold(reservation, ttl, grant, sent, max_hold);
+        self.note_missed_slots(name, &grant);
+        let entry = self.hold(reservation, ttl, grant, sent, options, grace);
+        if self.is_closed() {
+            // The grant came after `shutdown` began, which waits for this:
+            // give it back, as nothing is acquired after a shutdown (§5.3).
+            tracing::debug!(lease.name = %entry.name, holder = %self.holder, "lease granted after shutdown began; releasing it");
+            let _ = self.release(&entry).await; // a failure is logged
+            return Err(Error::ShutDown);
+        }
         if let Some(lost) = self.backend.lost(entry.acquisition(&self.holder)) {
             self.heed(&entry, lost);
         }
@@ -368,7 +590,66 @@ impl Engine {
             self.release_in_background(&entry);
             return Err(timed_out);
         }
-        Ok(Some(entry))
+        Ok(Attempt::Granted(entry))
+    }
+
+    /// The backend's answer to an acquisition of `name`: through `acquire`
+    /// — what every backend implements, the steady-state path — when the
+    /// job asks for nothing more, else through `acquire_with`.
+    async fn ask(
+        &self,
+        name: &str,
+        ttl: Duration,
+        options: &JobOptions,
+    ) -> Result<Acquired, Error> {
+        if options.once_per.is_none() && options.value.is_none() {
+            let grant = self.backend.acquire(name, &self.holder, ttl).await?;
+            return Ok(grant.map_or(
+                Acquired::HeldElsewhere { expires_in: None },
+                Acquired::Granted,
+            ));
+        }
+        let mut request = Request::new(name, &self.holder, ttl);
+        request.once_per = options.once_per;
+        request.value = options.value.as_deref();
+        self.backend.acquire_with(request).await
+    }
+
+    /// Schedule slots between the last one recorded and the one `grant`
+    /// claimed were claimed by no run: warned and counted.
+    fn note_missed_slots(&self, name: &str, grant: &Grant) {
+        if let (Some(slot), Some(last)) = (grant.slot, grant.last_slot)
+            && slot > last + 1
+        {
+            let missed = slot - last - 1;
+            crate::metrics::slots_missed(name, missed);
+            tracing::warn!(lease.name = name, holder = %self.holder, slot, last_slot = last, missed, "schedule slots were missed: no run claimed them");
+        }
+    }
+
+    /// Count an acquisition in flight until the returned guard is dropped,
+    /// for [`shut_down`](Engine::shut_down) to wait for; `None` once shut
+    /// down. The flag is read under the lock that `shut_down` reads the
+    /// count under, after setting the flag: an acquisition is either
+    /// counted, or sees the flag.
+    fn start_acquiring(self: &Arc<Self>, ttl: Duration) -> Option<DropGuard<Arc<Engine>>> {
+        let mut names = self.names();
+        if self.is_closed() {
+            return None;
+        }
+        names.acquiring += 1;
+        let until = Instant::now() + acquire_timeout(ttl) + release_timeout(ttl);
+        names.acquiring_until = Some(names.acquiring_until.map_or(until, |at| at.max(until)));
+        drop(names);
+        Some(DropGuard::new(self.clone(), |engine| {
+            let mut names = engine.names();
+            names.acquiring -= 1;
+            if names.acquiring == 0 {
+                names.acquiring_until = None;
+                drop(names);
+                engine.acquired.notify_waiters();
+            }
+        }))
     }
 
     /// Turn a reservation into a held lease and hand it to the scheduler.
@@ -378,25 +659,37 @@ impl Engine {
         ttl: Duration,
         grant: Grant,
         sent: Stamp,
-        max_hold: Option<Duration>,
+        options: &JobOptions,
+        grace: Duration,
     ) -> Arc<Entry> {
+        let max_hold = options.max_hold;
         let (_, name) = reservation.disarm();
         let next_renew = sent.mono + renew_period(ttl);
+        let max_hold_until = max_hold.map(|d| sent.mono + d.min(crate::MAX_TTL));
+        // The first thing the scheduler must do for this lease: renew it, or
+        // end it at `max_hold` if that comes first.
+        let due = max_hold_until.map_or(next_renew, |at| at.min(next_renew));
         let entry = Arc::new(Entry {
             name: name.clone(),
             ttl,
             fencing_token: grant.fencing_token,
+            grace,
             cancel: CancellationToken::new(),
+            done: CancellationToken::new(),
             acquired_at: sent.mono,
-            max_hold_until: max_hold.map(|d| sent.mono + d.min(crate::MAX_TTL)),
+            slot: grant.slot.zip(options.once_per),
+            succeeded: std::sync::atomic::AtomicBool::new(false),
+            max_hold_until,
             timing: Mutex::new(Timing {
-                state: State::Live,
-                deadline: Deadline::after(sent, ttl),
+                state: LeaseState::Live,
+                deadline: Deadline::after(sent, ttl, grace),
                 next_renew,
                 failures: 0,
                 in_flight: false,
                 recheck: false,
                 release_at: None,
+                wind_down_until: None,
+                abandoned: false,
             }),
         });
         crate::metrics::held(1.0);
@@ -404,7 +697,7 @@ impl Engine {
             let mut names = self.names();
             names.slots.insert(name, Slot::Held(entry.clone()));
             let running = std::mem::replace(&mut names.scheduler, true);
-            let on_time = names.planned.is_some_and(|at| at <= next_renew);
+            let on_time = names.planned.is_some_and(|at| at <= due);
             (!running, running && !on_time)
         };
         if start {
@@ -446,7 +739,7 @@ impl Engine {
     /// renewal in flight answers.
     fn renew_now(&self, entry: &Entry) {
         let mut t = entry.timing();
-        if t.state != State::Live {
+        if t.state != LeaseState::Live {
             return;
         }
         if t.in_flight {
@@ -470,13 +763,13 @@ impl Engine {
         let mut names = self.names();
         {
             let mut t = entry.timing();
-            if t.state == State::Stopped {
+            if t.state == LeaseState::Stopped {
                 return None;
             }
-            if t.state == State::Live {
+            if t.state == LeaseState::Live {
                 crate::metrics::held(-1.0);
             }
-            t.state = State::Stopped;
+            t.state = LeaseState::Stopped;
         }
         entry.cancel.cancel();
         if let Some(slot) = names.slots.get_mut(&entry.name)
@@ -530,6 +823,7 @@ impl Engine {
             });
         let result = self.send_release(entry).await;
         let (claim, _, _) = unfinished.disarm();
+        entry.done.cancel();
         settle(claim, result.is_ok(), sent_at + entry.ttl);
         result
     }
@@ -554,8 +848,18 @@ impl Engine {
             // finds none), and only the scheduler turns an entry from live to
             // lost, looking at `release_at` under this same lock.
             let mut t = entry.timing();
-            if t.state != State::Live {
+            if t.state != LeaseState::Live {
                 return false;
+            }
+            if self.is_closed() {
+                // A shutdown is winding the lease down: keep `min_hold` by
+                // leaving it to expire (see `shut_down`).
+                t.release_at = Some(at);
+                entry.abandon(&mut t, &self.holder, "shutdown: kept for its min_hold");
+                return true;
+            }
+            if t.wind_down_until.is_some() {
+                return false; // `max_hold` ran out: release it now
             }
             t.release_at = Some(at);
         }
@@ -570,6 +874,7 @@ impl Engine {
     fn spawn_release(self: &Arc<Self>, claim: Claim, entry: Arc<Entry>, earlier: Option<Instant>) {
         let Some(handle) = self.runtime() else {
             tracing::debug!(lease.name = %entry.name, "no tokio runtime to release on; the lease ends at its ttl");
+            entry.done.cancel();
             return; // dropping the claim frees the name
         };
         let engine = self.clone();
@@ -578,6 +883,7 @@ impl Engine {
             // claim frees the name.
             let sent_at = earlier.unwrap_or_else(Instant::now);
             let result = engine.send_release(&entry).await;
+            entry.done.cancel();
             let confirmed = result.is_ok() && earlier.is_none();
             settle(claim, confirmed, sent_at + entry.ttl);
         }));
@@ -592,6 +898,29 @@ impl Engine {
             .or_else(|| lock(&self.renewing).clone())
     }
 
+    /// Publish `value` with `entry`'s lease ([`Backend::publish`]), within
+    /// the release time limit; the outcome is logged (the renewals tell
+    /// whether the lease lasts).
+    ///
+    /// [`Backend::publish`]: crate::Backend::publish
+    pub(crate) async fn publish(&self, entry: &Entry, value: Option<&str>) {
+        let call = self.backend.publish(entry.acquisition(&self.holder), value);
+        match timeout(release_timeout(entry.ttl), call).await {
+            Ok(Ok(true)) => {
+                tracing::debug!(lease.name = %entry.name, holder = %self.holder, "value published");
+            }
+            Ok(Ok(false)) => {
+                tracing::debug!(lease.name = %entry.name, holder = %self.holder, "value not published: the lease is no longer ours");
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(lease.name = %entry.name, holder = %self.holder, error = %e.chain(), "could not publish the value");
+            }
+            Err(_) => {
+                tracing::warn!(lease.name = %entry.name, holder = %self.holder, "could not publish the value: timed out");
+            }
+        }
+    }
+
     /// Ask the backend to release `entry`, within the release time limit
     /// (kept by the scheduler's timer while it runs); log the outcome.
     async fn send_release(self: &Arc<Self>, entry: &Entry) -> Result<(), Error> {
@@ -602,7 +931,17 @@ impl Engine {
                 after: limit,
             })
         };
-        let call = self.backend.release(entry.acquisition(&self.holder));
+        let lease = entry.acquisition(&self.holder);
+        let call = match entry.slot {
+            // `retry_failed`: a successful run records its slot as it releases.
+            Some((slot, once_per))
+                if once_per.retry_failed
+                    && entry.succeeded.load(std::sync::atomic::Ordering::Acquire) =>
+            {
+                self.backend.release_ran(lease, slot)
+            }
+            _ => self.backend.release(lease),
+        };
         let started = std::time::Instant::now();
         let result = match self.watch(Instant::now() + limit) {
             Some(watch) => {

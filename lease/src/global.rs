@@ -6,7 +6,7 @@ use crate::{Error, Lease};
 
 static GLOBAL: OnceLock<Lease> = OnceLock::new();
 
-/// Install `lease` as the process-wide default, once, at start-up.
+/// Install `leasehold` as the process-wide default, once, at start-up.
 ///
 /// `#[singleton]` functions without a `lease = ...` argument use it; until it
 /// is set they skip their runs (and log an error).
@@ -14,11 +14,11 @@ static GLOBAL: OnceLock<Lease> = OnceLock::new();
 /// # Examples
 ///
 /// ```
-/// use lease::{backend::Memory, Lease};
+/// use leasehold::{backend::Memory, Lease};
 ///
-/// lease::set_global_default(Lease::new(Memory::new())).unwrap();
-/// assert!(lease::global_default().is_some());
-/// assert!(lease::set_global_default(Lease::new(Memory::new())).is_err());
+/// leasehold::set_global_default(Lease::new(Memory::new())).unwrap();
+/// assert!(leasehold::global_default().is_some());
+/// assert!(leasehold::set_global_default(Lease::new(Memory::new())).is_err());
 /// ```
 ///
 /// # Errors

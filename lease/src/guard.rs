@@ -68,8 +68,9 @@ impl LeaseGuard {
     ///
     /// Lost means: the backend said another holder has it (or it expired or
     /// was released behind our back), or no renewal succeeded before the
-    /// local deadline (`t_send + ttl - margin` of the last successful
-    /// request). Clones of the token share its state; hand them to the work
+    /// local deadline, `t_send + ttl - grace` of the last successful request
+    /// (grace = `ttl/3` unless set with [`Job::grace`](crate::Job::grace)):
+    /// the holder then has the grace to stop before the lease could pass on. Clones of the token share its state; hand them to the work
     /// the lease protects.
     pub fn token(&self) -> CancellationToken {
         self.entry().cancel.clone()
@@ -119,6 +120,111 @@ impl LeaseGuard {
         engine.release(&entry).await
     }
 
+    /// Check, in the caller's transaction on the lease's own database, that
+    /// this acquisition still holds the lease, and keep it from every other
+    /// holder until that transaction ends: the writes the transaction makes
+    /// after the check are this holder's alone, even if this process pauses
+    /// past its ttl (DESIGN §6.3). `conn` is what a sqlx `Transaction`
+    /// derefs to (`&mut *tx`) on a table backend's database: a
+    /// `PgConnection` for `PgTable`, a `MySqlConnection` for `MySqlTable`,
+    /// a `SqliteConnection` for `SqliteTable` (see [`CheckIn`](crate::CheckIn)).
+    ///
+    /// One statement, judged by the server's clock, on the row of this
+    /// acquisition (name, holder, fencing token) — PostgreSQL: `SELECT ..
+    /// FOR SHARE`; MySQL/MariaDB: `SELECT .. LOCK IN SHARE MODE` (InnoDB's
+    /// share lock on the row blocks the acquisitions' and renewals' writes
+    /// of it); SQLite: a no-op `UPDATE` of the row, which makes the
+    /// transaction the database's one writer, since a `SELECT` in a deferred
+    /// transaction would not stop another connection's write in WAL mode.
+    /// On SQLite, check in before the transaction reads anything (or begin
+    /// it with `BEGIN IMMEDIATE`): a deferred transaction that read before
+    /// another connection wrote cannot become the writer (`SQLITE_BUSY`).
+    /// SQLite's waiting writers poll rather than queue, so checked
+    /// transactions back to back can starve the holder's renewals: leave
+    /// room between them.
+    ///
+    /// **Keep such a transaction shorter than the grace** (`ttl/3` by
+    /// default): the holder's own renewals wait for it too, and the lease
+    /// is lost when they cannot get through before its local deadline.
+    /// Another holder may be granted the lease as soon as the transaction
+    /// ends, if it has expired by then.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use leasehold::{backend::PgTable, Lease};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+    /// let lease = Lease::new(PgTable::new(pool.clone()));
+    /// let Some(guard) = lease.try_acquire("billing", Duration::from_secs(30)).await? else {
+    ///     return Ok(()); // another replica bills
+    /// };
+    /// let mut tx = pool.begin().await?;
+    /// guard.check_in(&mut *tx).await?; // Err(NotHeld): another replica may bill now
+    /// sqlx::query("UPDATE invoices SET sent = true WHERE due").execute(&mut *tx).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::NotHeld`]: this acquisition no longer holds the lease (it
+    ///   expired, or was released, force-released or taken over); nothing
+    ///   was locked or written. Roll the transaction back.
+    /// - [`Error::Unsupported`]: the lease's backend is not a table of
+    ///   `conn`'s kind (`Memory`, `Redis`, `PgAdvisory`, `Etcd`, or a
+    ///   `PgTable` checked with a `MySqlConnection`, ...). The backend is
+    ///   found given as the table itself or as an `Arc` of it.
+    /// - [`Error::Schema`]: `conn` is not a connection to the lease table's
+    ///   database (it has no such table, or — PostgreSQL, MySQL with an
+    ///   unqualified table — its database is not the one the backend's pool
+    ///   names).
+    /// - [`Error::Database`]: the statement failed (the transaction may
+    ///   then be aborted).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the statement running on `conn`, and
+    /// the lock taken until the transaction ends; drop (roll back) the
+    /// transaction then.
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+    )]
+    pub async fn check_in<C: crate::CheckIn>(&self, conn: &mut C) -> Result<(), Error> {
+        check_in(self.engine(), self.entry(), conn).await
+    }
+
+    /// The schedule slot this acquisition claimed, with
+    /// [`Job::once_per`](crate::Job::once_per): `floor(clock / period)`,
+    /// the same on every replica for one run — a natural idempotency key
+    /// for what the run writes. `None` without `once_per`.
+    pub fn slot(&self) -> Option<u64> {
+        self.entry().slot.map(|(slot, _)| slot)
+    }
+
+    /// Mark the run this lease protects as succeeded: with
+    /// [`Job::retry_failed`](crate::Job::retry_failed), its release (or
+    /// drop) then records the claimed [`slot`](LeaseGuard::slot), so that
+    /// the slot does not run again. Without it a released guard leaves the
+    /// slot to be run again. ([`Job::run`](crate::Job::run) and
+    /// [`Job::try_run`](crate::Job::try_run) call it for you.) Nothing to
+    /// do without `retry_failed`.
+    pub fn succeeded(&self) {
+        self.entry()
+            .succeeded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// What publishes a value with this lease ([`Engine::publish`]), to be
+    /// awaited without holding the guard.
+    pub(crate) fn publisher(&self) -> (Arc<Engine>, Arc<Entry>) {
+        (self.engine().clone(), self.entry().clone())
+    }
+
     /// The ttl the lease was acquired with.
     pub fn ttl(&self) -> Duration {
         self.entry().ttl
@@ -129,6 +235,12 @@ impl LeaseGuard {
     /// released). Renewals push it out every `ttl/3`.
     pub fn valid_for(&self) -> Duration {
         self.entry().valid_for()
+    }
+
+    /// Tell the body to stop (the token fires) and keep the lease, renewed,
+    /// for up to its grace while it winds down; see [`Engine::wind_down`].
+    pub(crate) fn wind_down(&self) {
+        self.engine().wind_down(self.entry());
     }
 
     /// When the lease was acquired (the acquire request was sent).
@@ -147,4 +259,16 @@ impl LeaseGuard {
         }
         drop(self.held.disarm());
     }
+}
+
+/// [`LeaseGuard::check_in`] (and [`Term::check_in`](crate::Term::check_in))
+/// of the acquisition `entry` on `engine`'s backend.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) async fn check_in<C: crate::CheckIn>(
+    engine: &Engine,
+    entry: &Entry,
+    conn: &mut C,
+) -> Result<(), Error> {
+    let lease = crate::Acquisition::new(&entry.name, &engine.holder, entry.fencing_token);
+    crate::backend::check_in(&*engine.backend, conn, lease).await
 }

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::backend::OncePer;
+use crate::engine::JobOptions;
 use crate::{CancellationToken, Error, Lease, LeaseGuard, Outcome, Skip};
 
 /// A run of a job under the lease `name`, configured step by step and then
@@ -17,17 +19,21 @@ use crate::{CancellationToken, Error, Lease, LeaseGuard, Outcome, Skip};
 ///   acquiring it, even if the job finishes sooner (so that a fast job does
 ///   not run twice in one tick across replicas);
 /// - [`max_hold`](Job::max_hold): a ceiling on renewal — that long after
-///   acquiring it, the token is cancelled and the lease released, whether or
-///   not the job has stopped;
+///   acquiring it, the token is cancelled; the lease is released when the
+///   job stops, or left to expire if it has not stopped within its grace;
+/// - [`grace`](Job::grace): how long before the lease could pass on the
+///   token fires when renewals fail (default `ttl/3`);
 /// - [`wait`](Job::wait): wait up to this long for the lease instead of
 ///   skipping at once;
+/// - [`once_per`](Job::once_per) (and [`retry_failed`](Job::retry_failed)):
+///   run at most once per schedule slot across the fleet;
 /// - the fencing token, handed to the job next to its cancellation token.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{backend::Memory, Lease, Outcome};
+/// use leasehold::{backend::Memory, Lease, Outcome};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let lease = Lease::new(Memory::new());
@@ -52,22 +58,25 @@ pub struct Job<'a> {
     name: &'a str,
     ttl: Duration,
     min_hold: Option<Duration>,
-    max_hold: Option<Duration>,
+    options: JobOptions,
     wait: Duration,
+    /// [`retry_failed`](Job::retry_failed) was asked (before or after `once_per`).
+    retry_failed: bool,
 }
 
 impl Lease {
     /// A run of a job under the lease `name` with time-to-live `ttl`, to be
     /// configured ([`min_hold`](Job::min_hold), [`max_hold`](Job::max_hold),
-    /// [`wait`](Job::wait)) and then [run](Job::run).
+    /// [`grace`](Job::grace), [`wait`](Job::wait)) and then [run](Job::run).
     pub fn job<'a>(&'a self, name: &'a str, ttl: Duration) -> Job<'a> {
         Job {
             lease: self,
             name,
             ttl,
             min_hold: None,
-            max_hold: None,
+            options: JobOptions::default(),
             wait: Duration::ZERO,
+            retry_failed: false,
         }
     }
 }
@@ -77,6 +86,11 @@ impl<'a> Job<'a> {
     /// acquired, even if the job returns sooner; the lease is then released
     /// in the background and [`run`](Job::run) returns at once. A panic or a
     /// dropped run releases at once. Values over 24 h count as 24 h.
+    ///
+    /// [`Lease::shutdown`] does not release a lease kept for its `min_hold`:
+    /// it stops renewing it and leaves it to expire on the server, so it
+    /// then lasts at most a ttl more (and at least until the server's
+    /// expiry, whether or not `min_hold` is over by then).
     pub fn min_hold(self, min_hold: Duration) -> Self {
         Self {
             min_hold: Some(min_hold),
@@ -85,15 +99,85 @@ impl<'a> Job<'a> {
     }
 
     /// A ceiling on renewal: `max_hold` after the lease was acquired, the
-    /// token is cancelled and the lease released — at once, whether or not
-    /// the job stops (a hung job cannot keep a lease for ever; one that
-    /// ignores its token is then no longer protected). Counted in
-    /// `lease_lost_total` with the reason `max_hold`.
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        Self {
-            max_hold: Some(max_hold),
-            ..self
+    /// token is cancelled, and then the lease ends as at a
+    /// [`Lease::shutdown`]: it is still renewed while the job winds down,
+    /// for up to its [`grace`](Job::grace), and released as soon as the job
+    /// returns (or its guard is released or dropped); if the job is still
+    /// running when the grace is over, the lease is no longer renewed and
+    /// expires on the server. So a hung job keeps the lease at most
+    /// `max_hold + grace + ttl`, and another holder never gets it while the
+    /// job may still run. Counted in `lease_lost_total` with the reason
+    /// `max_hold` when the token fires.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.options.max_hold = Some(max_hold);
+        self
+    }
+
+    /// How long before the lease could pass to another holder its token
+    /// fires (and [`LeaseGuard::is_valid`] turns false) when renewals fail:
+    /// at `t_send + ttl - grace` after the last successful request. The
+    /// default is `ttl/3`: failed renewals are retried for one renewal
+    /// period (`ttl/3`), then the job has a third of the ttl to stop —
+    /// enough too for a local clock running up to 1.5× slow. A definite
+    /// loss (the backend says the lease is no longer ours) fires the token
+    /// at once, whatever the grace.
+    ///
+    /// A grace is from the margin (`ttl/100 + 2 ms`, the least) to `ttl/2`;
+    /// a larger grace leaves less time to retry renewals in.
+    ///
+    /// # Errors
+    ///
+    /// [`run`](Job::run) is skipped with, and [`acquire`](Job::acquire)
+    /// returns, [`Error::InvalidGrace`] for a grace outside that range.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.options.grace = Some(grace);
+        self
+    }
+
+    /// Run at most once per schedule slot of `period` across every replica
+    /// (DESIGN §6.2): the run claims the slot `floor(clock / period)` — by
+    /// the backend's clock where it has one (PostgreSQL, MySQL/MariaDB,
+    /// SQLite, Redis), else this process's (etcd, `Memory`) — in the
+    /// acquisition's own statement. A slot at or below the last one claimed
+    /// for the name is refused: [`run`](Job::run) is skipped with
+    /// [`Skip::AlreadyRan`], [`acquire`](Job::acquire) returns
+    /// [`Error::AlreadyRan`]. So replicas whose ticks or clocks drift never
+    /// run one slot twice; skew only shifts a run in time.
+    ///
+    /// By default the slot is claimed at acquisition: at most one run per
+    /// slot, even if that run fails or its replica crashes mid-run. With
+    /// [`retry_failed`](Job::retry_failed) it is recorded only when the run
+    /// succeeds. The claim outlives release and expiry. Slots nobody
+    /// claimed are logged at warn and counted (`lease_slots_missed_total`).
+    /// [`LeaseGuard::slot`] is the claimed slot, a natural idempotency key.
+    ///
+    /// Unlike [`min_hold`](Job::min_hold), which keeps the lease a guessed
+    /// while so that later ticks find it held, a slot is never run twice
+    /// however late another replica's tick comes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidDuration`] for a period that is not whole
+    /// milliseconds from 1 ms to 366 days; [`Error::Unsupported`] on a
+    /// backend without a slot ledger (plain `PgAdvisory`); `Error::Schema`
+    /// on a lease table without the `last_slot` column (it names the
+    /// `ALTER TABLE` that adds it).
+    pub fn once_per(mut self, period: Duration) -> Self {
+        self.options.once_per = Some(OncePer::new(period).retry_failed(self.retry_failed));
+        self
+    }
+
+    /// With [`once_per`](Job::once_per): record the slot only when the run
+    /// succeeds — [`run`](Job::run)'s body returns, [`try_run`](Job::try_run)'s
+    /// returns `Ok` — in the release's statement, so that a failed or
+    /// crashed run may run again within its slot, on any replica.
+    /// (Without `once_per` it changes nothing.)
+    pub fn retry_failed(mut self) -> Self {
+        if let Some(once_per) = &mut self.options.once_per {
+            *once_per = once_per.retry_failed(true);
         }
+        self.retry_failed = true;
+        self
     }
 
     /// Wait up to `wait` for another holder to let the lease go, as
@@ -110,7 +194,7 @@ impl<'a> Job<'a> {
     /// As [`Lease::acquire`].
     pub async fn acquire(self) -> Result<Option<LeaseGuard>, Error> {
         self.lease
-            .wait_for(self.name, self.ttl, self.wait, self.max_hold)
+            .wait_for(self.name, self.ttl, self.wait, &self.options)
             .await
     }
 
@@ -119,11 +203,38 @@ impl<'a> Job<'a> {
     /// while `f` runs, then release it (or keep it until `min_hold`).
     ///
     /// As [`Lease::with_lease`]: `Ran(value)` if `f` ran;
-    /// `Skipped(HeldElsewhere)` (logged at debug) or `Skipped(Error(e))`
+    /// `Skipped(HeldElsewhere)` (logged at debug), `Skipped(AlreadyRan)`
+    /// ([`once_per`](Job::once_per), logged at debug) or `Skipped(Error(e))`
     /// (logged at warn) if not. The lease is released when `f` returns, when
     /// `f` panics (in the background; the panic continues), and when this
-    /// future is dropped while `f` runs (in the background).
+    /// future is dropped while `f` runs (in the background). With
+    /// [`retry_failed`](Job::retry_failed), `f` returning is its success.
     pub async fn run<F, Fut, T>(self, f: F) -> Outcome<T>
+    where
+        F: FnOnce(CancellationToken, Option<u64>) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        self.run_judged(f, |_| true).await
+    }
+
+    /// [`run`](Job::run) for a fallible job: with
+    /// [`retry_failed`](Job::retry_failed), only `Ok` is a success (an `Err`
+    /// leaves the slot to be run again). Otherwise the same as `run`.
+    pub async fn try_run<F, Fut, T, E>(self, f: F) -> Outcome<Result<T, E>>
+    where
+        F: FnOnce(CancellationToken, Option<u64>) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run_judged(f, Result::is_ok).await
+    }
+
+    /// [`run`](Job::run), with `succeeded` telling whether the body's
+    /// value is a success (what `retry_failed` records).
+    pub(crate) async fn run_judged<F, Fut, T>(
+        self,
+        f: F,
+        succeeded: impl FnOnce(&T) -> bool,
+    ) -> Outcome<T>
     where
         F: FnOnce(CancellationToken, Option<u64>) -> Fut,
         Fut: Future<Output = T>,
@@ -134,6 +245,15 @@ impl<'a> Job<'a> {
             Ok(None) => {
                 tracing::debug!(lease.name = name, holder, "skipped: lease held elsewhere");
                 return Outcome::Skipped(Skip::HeldElsewhere);
+            }
+            Err(Error::AlreadyRan { slot, .. }) => {
+                tracing::debug!(
+                    lease.name = name,
+                    holder,
+                    slot,
+                    "skipped: this schedule slot has run already"
+                );
+                return Outcome::Skipped(Skip::AlreadyRan { slot });
             }
             Err(error) => {
                 tracing::warn!(lease.name = name, holder, error = %error.chain(), "skipped: could not acquire lease");
@@ -149,6 +269,9 @@ impl<'a> Job<'a> {
         let value = f(guard.token(), guard.fencing_token())
             .instrument(span)
             .await;
+        if succeeded(&value) {
+            guard.succeeded();
+        }
         match self.min_hold {
             Some(min_hold) => {
                 // Clamp rather than overflow `Instant`.

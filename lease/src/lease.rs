@@ -5,7 +5,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine::Engine;
+use crate::engine::{Attempt, Engine, JobOptions};
 use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 
 /// Acquires leases on behalf of one holder identity, and keeps them.
@@ -40,7 +40,7 @@ use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{backend::Memory, Lease, Outcome};
+/// use leasehold::{backend::Memory, Lease, Outcome};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let lease = Lease::new(Memory::new());
@@ -120,7 +120,7 @@ impl Lease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use lease::{backend::Memory, Lease, Outcome, Skip};
+    /// use leasehold::{backend::Memory, Lease, Outcome, Skip};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
     /// let db = Memory::new();
@@ -167,6 +167,16 @@ impl Lease {
         self.engine.freed(name, crate::engine::wait_poll(ttl))
     }
 
+    /// The backend's hint that `name` may have changed
+    /// ([`Backend::released`]), after `poll` at the latest.
+    pub(crate) fn released(
+        &self,
+        name: &str,
+        poll: Duration,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        self.engine.backend.released(name, poll)
+    }
+
     /// What the backend knows about `name` ([`Backend::inspect`]).
     pub(crate) async fn inspect(&self, name: &str) -> Result<Option<crate::LeaseInfo>, Error> {
         self.engine.backend.inspect(name).await
@@ -192,10 +202,10 @@ impl Lease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use lease::{backend::Memory, Lease};
+    /// use leasehold::{backend::Memory, Lease};
     ///
     /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() -> Result<(), lease::Error> {
+    /// # async fn main() -> Result<(), leasehold::Error> {
     /// let db = Memory::new();
     /// let (a, b) = (Lease::with_holder(db.clone(), "a"), Lease::with_holder(db, "b"));
     /// let ttl = Duration::from_secs(30);
@@ -227,21 +237,33 @@ impl Lease {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<LeaseGuard>, Error> {
-        self.wait_for(name, ttl, wait, None).await
+        self.wait_for(name, ttl, wait, &JobOptions::default()).await
     }
 
-    /// [`acquire`](Lease::acquire) with an optional `max_hold`.
+    /// [`acquire`](Lease::acquire) with a job's options.
+    ///
+    /// Between attempts it wakes for a release (this `Lease`'s, the
+    /// backend's push, or a poll) and at the expiry of the holder's lease
+    /// (DESIGN §6.5: a crashed holder's lease is taken at its expiry, not a
+    /// poll later): the expiry the refused attempt reported, or else one
+    /// [`inspect`](crate::Backend::inspect), asked again only once a wake-up
+    /// at the known expiry found the lease still held (renewed meanwhile).
     pub(crate) async fn wait_for(
         &self,
         name: &str,
         ttl: Duration,
         wait: Duration,
-        max_hold: Option<Duration>,
+        options: &JobOptions,
     ) -> Result<Option<LeaseGuard>, Error> {
-        let until = tokio::time::Instant::now() + wait.min(crate::MAX_TTL);
+        use tokio::time::Instant;
+        let until = Instant::now() + wait.min(crate::MAX_TTL);
         // The last error, unless some attempt got an answer ("held").
         let mut error: Option<Error> = None;
         let mut answered = false;
+        // When the holder's lease expires at the earliest, as last learned;
+        // `None` once that has passed (or the backend cannot say).
+        let mut expiry: Option<Instant> = None;
+        let mut can_inspect = true;
         loop {
             // Registered before the attempt: a release right after a failed
             // attempt still wakes us. Without a wait there is nothing to
@@ -249,11 +271,21 @@ impl Lease {
             // (which, for a push backend, would be a subscription kept open
             // and a key derived for nothing).
             let freed = (!wait.is_zero()).then(|| self.waiter(name, ttl));
-            match self.attempt(name, ttl, max_hold).await {
-                Ok(Some(guard)) => return Ok(Some(guard)),
-                Ok(None) => answered = true,
+            match self.attempt(name, ttl, options).await {
+                Ok(Attempt::Granted(guard)) => return Ok(Some(guard)),
+                Ok(Attempt::Held { expires_in }) => {
+                    answered = true;
+                    if !wait.is_zero() {
+                        self.learn_expiry(name, ttl, expires_in, &mut expiry, &mut can_inspect)
+                            .await;
+                    }
+                }
                 Err(e)
-                    if e.is_invalid_input() || matches!(e, Error::NoRuntime | Error::ShutDown) =>
+                    if e.is_invalid_input()
+                        || matches!(
+                            e,
+                            Error::NoRuntime | Error::ShutDown | Error::AlreadyRan { .. }
+                        ) =>
                 {
                     return Err(e);
                 }
@@ -262,15 +294,47 @@ impl Lease {
                     error = Some(e);
                 }
             }
-            let Some(freed) = freed.filter(|_| tokio::time::Instant::now() < until) else {
+            let Some(freed) = freed.filter(|_| Instant::now() < until) else {
                 return match error {
                     Some(e) if !answered => Err(e),
                     _ => Ok(None),
                 };
             };
+            // At the expiry, plus a little (up to 1% of the ttl, at most
+            // 5 ms), so that waiters do not all ask at the same instant.
+            let at_expiry = expiry.filter(|at| *at < until).map(|at| at + jitter(ttl));
             tokio::select! {
                 () = freed => {}
                 () = tokio::time::sleep_until(until) => {}
+                () = async { tokio::time::sleep_until(at_expiry.unwrap_or(until)).await }, if at_expiry.is_some() => {}
+            }
+        }
+    }
+
+    /// When the holder's lease on `name` expires at the earliest, for a
+    /// waiter: `expires_in` if the refused attempt said; else the `expiry`
+    /// learned before while it has not passed; else one `inspect` (not
+    /// asked again once the backend said it cannot).
+    async fn learn_expiry(
+        &self,
+        name: &str,
+        ttl: Duration,
+        expires_in: Option<Duration>,
+        expiry: &mut Option<tokio::time::Instant>,
+        can_inspect: &mut bool,
+    ) {
+        let now = tokio::time::Instant::now();
+        // `Duration::MAX`, say, is "no expiry" (`PgAdvisory`).
+        let at = |left: Duration| Some(left).filter(|l| *l <= crate::MAX_TTL).map(|l| now + l);
+        *expiry = expiry.filter(|at| *at > now);
+        if let Some(left) = expires_in {
+            *expiry = at(left);
+        } else if expiry.is_none() && *can_inspect {
+            let limit = crate::engine::timing::acquire_timeout(ttl);
+            match tokio::time::timeout(limit, self.inspect(name)).await {
+                Ok(Ok(Some(info))) => *expiry = info.expires_in.and_then(at),
+                Ok(Err(Error::Unsupported { .. })) => *can_inspect = false,
+                _ => {}
             }
         }
     }
@@ -294,9 +358,9 @@ impl Lease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use lease::{backend::Memory, Lease};
+    /// use leasehold::{backend::Memory, Lease};
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), leasehold::Error> {
     /// let lease = Lease::new(Memory::new());
     /// if let Some(guard) = lease.try_acquire("compaction", Duration::from_secs(60)).await? {
     ///     // Pass the fencing token to the resource you write to, so that it can
@@ -313,7 +377,8 @@ impl Lease {
     /// - [`Error::InvalidName`], [`Error::InvalidTtl`], [`Error::InvalidHolder`]
     ///   for input outside the rules above;
     /// - [`Error::Timeout`] when the backend does not answer within
-    ///   `min(ttl - margin, 30 s)` (margin = ttl/100 + 2 ms);
+    ///   `min(ttl - grace, 30 s)` (grace = ttl/3 here, see
+    ///   [`Job::grace`](crate::Job::grace));
     /// - the backend's error when it fails (connection refused, SQL error, ...).
     ///
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
@@ -329,19 +394,26 @@ impl Lease {
         name: &str,
         ttl: Duration,
     ) -> Result<Option<LeaseGuard>, Error> {
-        self.attempt(name, ttl, None).await
+        match self.attempt(name, ttl, &JobOptions::default()).await? {
+            Attempt::Granted(guard) => Ok(Some(guard)),
+            Attempt::Held { .. } => Ok(None),
+        }
     }
 
-    /// One acquisition attempt, with an optional `max_hold`; counted in the
+    /// One acquisition attempt, with a job's options; counted in the
     /// metrics by its outcome.
     pub(crate) async fn attempt(
         &self,
         name: &str,
         ttl: Duration,
-        max_hold: Option<Duration>,
-    ) -> Result<Option<LeaseGuard>, Error> {
+        options: &JobOptions,
+    ) -> Result<Attempt<LeaseGuard>, Error> {
         validate::name(name)?;
         validate::ttl(ttl)?;
+        options.grace(ttl)?;
+        if let Some(once_per) = options.once_per {
+            validate::once_per(once_per.period)?;
+        }
         validate::holder(self.holder())?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
@@ -350,26 +422,31 @@ impl Lease {
             return Err(Error::ShutDown);
         }
         let entry = match self.engine.reserve(name) {
-            Some(reservation) => self.engine.acquire(reservation, ttl, max_hold).await,
-            None => Ok(None),
+            Some(reservation) => self.engine.acquire(reservation, ttl, options).await,
+            None => Ok(Attempt::Held { expires_in: None }),
         };
         crate::metrics::acquired(
             name,
             match &entry {
-                Ok(Some(_)) => "acquired",
-                Ok(None) => "held_elsewhere",
+                Ok(Attempt::Granted(_)) => "acquired",
+                Ok(Attempt::Held { .. }) => "held_elsewhere",
+                Err(Error::AlreadyRan { .. }) => "already_ran",
                 Err(_) => "error",
             },
         );
-        Ok(entry?.map(|entry| {
-            tracing::debug!(
-                lease.name = name,
-                holder = self.holder(),
-                fencing_token = entry.fencing_token,
-                "lease acquired"
-            );
-            LeaseGuard::new(self.engine.clone(), entry)
-        }))
+        Ok(match entry? {
+            Attempt::Granted(entry) => {
+                tracing::debug!(
+                    lease.name = name,
+                    holder = self.holder(),
+                    fencing_token = entry.fencing_token,
+                    slot = entry.slot.map(|(slot, _)| slot),
+                    "lease acquired"
+                );
+                Attempt::Granted(LeaseGuard::new(self.engine.clone(), entry))
+            }
+            Attempt::Held { expires_in } => Attempt::Held { expires_in },
+        })
     }
 
     /// What this `Lease` holds now: one [`Held`] per live lease (renewed, not
@@ -380,15 +457,17 @@ impl Lease {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use lease::{backend::Memory, Lease};
+    /// use leasehold::{backend::Memory, Lease};
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), leasehold::Error> {
     /// let lease = Lease::new(Memory::new());
     /// let guard = lease.try_acquire("compaction", Duration::from_secs(60)).await?.expect("free");
     /// let held = lease.held();
     /// assert_eq!(held.len(), 1);
     /// assert_eq!(held[0].name, "compaction");
-    /// assert!(held[0].valid_for > Duration::from_secs(50));
+    /// // Valid until ttl - grace (ttl/3 by default) after the acquisition.
+    /// assert!(held[0].valid_for > Duration::from_secs(35));
+    /// assert!(held[0].valid_for <= Duration::from_secs(40));
     /// guard.release().await?;
     /// assert!(lease.held().is_empty());
     /// # Ok(()) }
@@ -408,16 +487,43 @@ impl Lease {
     }
 
     /// Shut this `Lease` (and every clone) down: cancel every held lease's
-    /// token, release every lease and await the releases (each within its
-    /// usual time limit, `min(ttl, 30 s)`), and let the renewal task end.
-    /// Afterwards every acquisition through this `Lease` or a clone fails
-    /// with [`Error::ShutDown`], and elections stop.
+    /// token, wait for the bodies to stop, release each lease as soon as its
+    /// body has ended, and let the renewal task end. Afterwards every
+    /// acquisition through this `Lease` or a clone fails with
+    /// [`Error::ShutDown`], and elections stop.
+    ///
+    /// A *body* is the closure of [`with_lease`](Lease::with_lease),
+    /// [`Job::run`](crate::Job::run) or `#[singleton]` until it returns, and
+    /// a [`LeaseGuard`] until it is released or dropped. Another holder is
+    /// never granted a lease while its body may still run:
+    ///
+    /// - each lease is still renewed while its body winds down, for up to
+    ///   its grace ([`Job::grace`](crate::Job::grace), `ttl/3` by default),
+    ///   and released as soon as the body ends (its release awaited, within
+    ///   `min(ttl, 30 s)`);
+    /// - a body still running when its grace is over keeps its lease
+    ///   unreleased and unrenewed: it expires on the server, at most a ttl
+    ///   later (logged at warn, with the lease's name);
+    /// - a lease kept for its [`min_hold`](crate::Job::min_hold) (its body
+    ///   returned early) is not released either: releasing it would let
+    ///   another replica run the job again within `min_hold`. It expires on
+    ///   the server, at most a ttl later.
+    ///
+    /// So `shutdown` returns within the largest grace plus the release's time
+    /// limit (after the acquisitions in flight, below).
+    ///
+    /// An acquisition already on its way to the backend fails with
+    /// [`Error::ShutDown`] too: a lease granted to it after `shutdown` was
+    /// called is released at once. `shutdown` waits for such acquisitions
+    /// (within their time limits, the acquire's and then the release's), so
+    /// that when it returns this `Lease` holds nothing.
     ///
     /// Call it when the process is asked to stop, so that a rolling deploy
-    /// hands the leases over at once instead of after a ttl:
+    /// hands the leases over as soon as the jobs have stopped instead of
+    /// after a ttl:
     ///
     /// ```no_run
-    /// # async fn serve(lease: lease::Lease) {
+    /// # async fn serve(lease: leasehold::Lease) {
     /// tokio::signal::ctrl_c().await.expect("signal handler"); // or SIGTERM, see the README
     /// lease.shutdown().await;
     /// # }
@@ -465,6 +571,13 @@ fn default_holder() -> String {
     // differs for every instance: enough to tell two processes apart.
     let random = RandomState::new().hash_one(std::process::id()) as u32;
     format!("{host}-{}-{random:08x}", std::process::id())
+}
+
+/// A little time after an expiry before a waiter tries: up to 1% of the
+/// ttl, at most 5 ms, at random.
+fn jitter(ttl: Duration) -> Duration {
+    let spread = RandomState::new().hash_one(ttl) as f64 / u64::MAX as f64;
+    (ttl / 100).min(Duration::from_millis(5)).mul_f64(spread)
 }
 
 #[cfg(test)]

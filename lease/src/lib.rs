@@ -9,9 +9,70 @@
 //! skip that tick. If the lease is lost mid-run, a cancellation token fires
 //! at once.
 //!
+//! # In production
+//!
+//! Make one [`Lease`] per process on a table in your database, install it
+//! as the default, and install a [`tracing`](https://docs.rs/tracing)
+//! subscriber: a skipped or failed run is reported only through `tracing`
+//! (see [What is logged](#what-is-logged)), so without a subscriber a
+//! misconfigured job and one held elsewhere look the same.
+//!
+#![cfg_attr(all(feature = "postgres", feature = "macros"), doc = "```no_run")]
+#![cfg_attr(not(all(feature = "postgres", feature = "macros")), doc = "```ignore")]
+//! use std::time::Duration;
+//! use leasehold::{Lease, backend::PgTable, singleton, sqlx::PgPool};
+//!
+//! #[singleton(name = "agent-scheduler", ttl = "90s", token = cancel)]
+//! async fn check_schedules(db: &PgPool) -> Result<(), leasehold::sqlx::Error> {
+//!     // Runs on one replica per tick; on the others the call returns Ok(()) at once.
+//!     // `cancel` fires the moment this replica loses the lease: stop then.
+//!     if !cancel.is_cancelled() {
+//!         leasehold::sqlx::query("SELECT 1").execute(db).await?;
+//!     }
+//!     Ok(())
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     tracing_subscriber::fmt().with_env_filter("info").init(); // or your own subscriber
+//!
+//!     let pool = PgPool::connect("postgres://app@db.internal/app").await?;
+//!     let table = PgTable::new(pool.clone()); // the `task_leases` table
+//!     table.ensure_schema().await?; // or run migrations/postgres/ with your own tool
+//!     leasehold::set_global_default(Lease::new(table))?;
+//!
+//!     let mut tick = tokio::time::interval(Duration::from_secs(60));
+//!     loop {
+//!         tick.tick().await;
+//!         check_schedules(&pool).await?; // every replica calls it; one runs it
+//!     }
+//! }
+//! ```
+//!
+//! A `#[singleton]` fn called before [`set_global_default`] (and without
+//! `lease = ...`) does not run: it returns its skipped value and logs
+//! [`Error::NoLease`] at error, naming `set_global_default`
+//! (`on_error = "return"` returns that error instead).
+//!
+//! # What is logged
+//!
+//! Through `tracing`, with the lease's name (`lease.name`) and holder:
+//!
+//! | level | when |
+//! |---|---|
+//! | error | a `#[singleton]` fn has no [`Lease`] to run on (no `lease = ...`, no global default); an election stopped for good |
+//! | warn | a run skipped because the lease could not be acquired (the store unreachable or failing, an invalid name or ttl, after [`Lease::shutdown`]); a renewal failed (retried until the deadline); a lease lost; a release that failed (the lease then ends at its ttl) |
+//! | info | an election's candidate starts leading |
+//! | debug | a run skipped because another replica holds the lease; a lease released |
+//!
+//! # Trying it without a database
+//!
+//! [`Memory`](backend::Memory) is an in-process store for tests. Two
+//! replicas on one store, both ticking at once:
+//!
 //! ```
 //! use std::time::Duration;
-//! use lease::{Lease, backend::Memory, singleton};
+//! use leasehold::{Lease, backend::Memory, singleton};
 //!
 //! #[singleton(name = "nightly-report", ttl = "90s", lease = pod, token = cancel)]
 //! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
@@ -28,8 +89,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! // Two replicas sharing one lease store. `Memory` is the in-process store
-//! // for tests; in production, use a table in your database (see `backend`).
+//! // Two replicas sharing one lease store (in production, a table in your
+//! // database: see above and `backend`).
 //! let db = Memory::new();
 //! let pod_a = Lease::with_holder(db.clone(), "pod-a");
 //! let pod_b = Lease::with_holder(db, "pod-b");
@@ -48,7 +109,8 @@
 //! one installed with [`set_global_default`]), `token` and `fence` give the
 //! body the lease's [`CancellationToken`] and fencing token, `min_hold`
 //! keeps the lease for a while after a fast body, `max_hold` ends it after a
-//! while however long the body takes, `wait` waits for the lease instead of
+//! while however long the body takes, `grace` sets how long before the lease
+//! could pass on the token fires when renewals fail, `wait` waits for the lease instead of
 //! skipping, `on_error = "return"` returns an acquisition error as the fn's
 //! `Err` instead of skipping, and `crate` names a re-export of this crate;
 //! see [`singleton`] for each argument. The
@@ -56,81 +118,6 @@
 //! `Result<(), E>` or `Result<Option<T>, E>`, whose skipped values are `()`,
 //! `false`, `None`, `Ok(())` and `Ok(None)`. Mistakes in the arguments are
 //! compile errors.
-//!
-//! # Equivalent code without the attribute
-//!
-//! The attribute keeps the fn's signature and turns its body into a single
-//! call of one runtime function, where all the behaviour lives. The example
-//! above expands to this (`__private` is not public API — write the
-//! attribute instead):
-//!
-//! ```
-//! # use std::time::Duration;
-//! # use lease::Lease;
-//! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
-//!     let __lease = ::lease::__private::AsLease::as_lease(&(pod));
-//!     ::lease::__private::run(
-//!         __lease,
-//!         ::lease::__private::Settings {
-//!             name: "nightly-report",
-//!             ttl: ::core::time::Duration::from_millis(90000u64),
-//!             min_hold: ::core::option::Option::None,
-//!             max_hold: ::core::option::Option::None,
-//!             wait: ::core::option::Option::None,
-//!         },
-//!         move |cancel, _| async move {
-//!             // Never taken: makes the block's type the fn's return type, so
-//!             // that a type error is reported in the body, not in here.
-//!             #[allow(
-//!                 unreachable_code,
-//!                 clippy::diverging_sub_expression,
-//!                 clippy::empty_loop,
-//!                 clippy::let_unit_value,
-//!                 clippy::let_with_type_underscore,
-//!                 clippy::needless_return,
-//!             )]
-//!             if false {
-//!                 let __fake_return: Option<u64> = loop {};
-//!                 return __fake_return;
-//!             }
-//!             {
-//!                 let mut total = 0;
-//!                 for amount in orders {
-//!                     if cancel.is_cancelled() {
-//!                         return None;
-//!                     }
-//!                     tokio::time::sleep(Duration::from_millis(10)).await;
-//!                     total += amount;
-//!                 }
-//!                 Some(total)
-//!             }
-//!         },
-//!     )
-//!     .await
-//! }
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! # let pod = Lease::new(lease::backend::Memory::new());
-//! # assert_eq!(nightly_report(&pod, &[120, 80]).await, Some(200));
-//! # }
-//! ```
-//!
-//! `run` does what [`Lease::job`] does — acquire, run the body with the
-//! token, renew every `ttl/3`, release — and maps a skipped run to
-//! [`Skippable::skipped`] (logged at debug when the lease is held elsewhere,
-//! at warn when the store could not be reached or an argument given as an
-//! expression is invalid, at error when there is no lease at all). An
-//! expression argument goes into `Settings` as written (a `name` through
-//! `__private::AsName`, which copies it), evaluated before the closure takes
-//! the body's captures. With `on_error = "return"` the call is
-//! `__private::run_or_err`, which returns an acquisition error as
-//! `Err(e.into())`. The locals `__lease` and `__fake_return` are hygienic:
-//! the body cannot see them.
-//!
-//! The body keeps its braces, as above, unless it is a single expression:
-//! `{ Some(0) }` goes in as `Some(0)`, right after the `if false { .. }`.
-//! Kept, its braces would enclose the async block's value alone, which
-//! rustc warns about on your code (`unused_braces`).
 //!
 //! # Without the macro
 //!
@@ -156,10 +143,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use lease::{Lease, Outcome, backend::Memory};
+//! use leasehold::{Lease, Outcome, backend::Memory};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), lease::Error> {
+//! # async fn main() -> Result<(), leasehold::Error> {
 //! let lease = Lease::new(Memory::new());
 //! let ttl = Duration::from_secs(90);
 //!
@@ -200,13 +187,93 @@
 //!
 //! - [`Lease::held`]: a snapshot of what this process holds, for health
 //!   checks and status pages.
-//! - [`Lease::shutdown`]: on SIGTERM, release everything at once so that a
-//!   rolling deploy does not stall the jobs for a ttl.
+//! - [`Lease::shutdown`]: on SIGTERM, tell every job to stop and release
+//!   each lease as soon as its job has stopped (waiting up to its grace), so
+//!   that a rolling deploy does not stall the jobs for a ttl.
 //! - [`Lease::job`]: everything `#[singleton]` offers, without the macro:
 //!   `min_hold`, `max_hold` (a ceiling on how long a hung job keeps a lease),
 //!   `wait`, and the fencing token.
 //! - [`Lease::acquire`] waits for a lease; [`Lease::elect`] runs a leader
 //!   election.
+//! # Equivalent code without the attribute
+//!
+//! The attribute keeps the fn's signature and turns its body into a single
+//! call of one runtime function, where all the behaviour lives. The
+//! `nightly_report` example (in [Trying it without a
+//! database](#trying-it-without-a-database)) expands to this (`__private` is not public API — write the
+//! attribute instead):
+//!
+//! ```
+//! # use std::time::Duration;
+//! # use leasehold::Lease;
+//! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
+//!     let __lease = ::leasehold::__private::AsLease::as_lease(&(pod));
+//!     ::leasehold::__private::run(
+//!         __lease,
+//!         ::leasehold::__private::Settings {
+//!             name: "nightly-report",
+//!             ttl: ::core::time::Duration::from_millis(90000u64),
+//!             min_hold: ::core::option::Option::None,
+//!             max_hold: ::core::option::Option::None,
+//!             grace: ::core::option::Option::None,
+//!             wait: ::core::option::Option::None,
+//!             once_per: ::core::option::Option::None,
+//!             retry_failed: false,
+//!         },
+//!         move |cancel, _| async move {
+//!             // Never taken: makes the block's type the fn's return type, so
+//!             // that a type error is reported in the body, not in here.
+//!             #[allow(
+//!                 unreachable_code,
+//!                 clippy::diverging_sub_expression,
+//!                 clippy::empty_loop,
+//!                 clippy::let_unit_value,
+//!                 clippy::let_with_type_underscore,
+//!                 clippy::needless_return,
+//!             )]
+//!             if false {
+//!                 let __fake_return: Option<u64> = loop {};
+//!                 return __fake_return;
+//!             }
+//!             {
+//!                 let mut total = 0;
+//!                 for amount in orders {
+//!                     if cancel.is_cancelled() {
+//!                         return None;
+//!                     }
+//!                     tokio::time::sleep(Duration::from_millis(10)).await;
+//!                     total += amount;
+//!                 }
+//!                 Some(total)
+//!             }
+//!         },
+//!     )
+//!     .await
+//! }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # let pod = Lease::new(leasehold::backend::Memory::new());
+//! # assert_eq!(nightly_report(&pod, &[120, 80]).await, Some(200));
+//! # }
+//! ```
+//!
+//! `run` does what [`Lease::job`] does — acquire, run the body with the
+//! token, renew every `ttl/3`, release — and maps a skipped run to
+//! [`Skippable::skipped`] (logged at debug when the lease is held elsewhere,
+//! at warn when the store could not be reached or an argument given as an
+//! expression is invalid, at error when there is no lease at all). An
+//! expression argument goes into `Settings` as written (a `name` through
+//! `__private::AsName`, which copies it), evaluated before the closure takes
+//! the body's captures. With `on_error = "return"` the call is
+//! `__private::run_or_err`, which returns an acquisition error as
+//! `Err(e.into())`. The locals `__lease` and `__fake_return` are hygienic:
+//! the body cannot see them.
+//!
+//! The body keeps its braces, as above, unless it is a single expression:
+//! `{ Some(0) }` goes in as `Some(0)`, right after the `if false { .. }`.
+//! Kept, its braces would enclose the async block's value alone, which
+//! rustc warns about on your code (`unused_braces`).
+//!
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -222,13 +289,20 @@ mod job;
 mod lease;
 mod macro_runtime;
 mod metrics;
+mod observe;
 mod outcome;
 mod skippable;
 #[cfg(test)]
 mod test_util;
 mod validate;
 
-pub use backend::{Acquisition, Backend, Grant, LeaseInfo};
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
+pub use backend::CheckIn;
+pub use backend::{Acquired, Acquisition, Backend, Grant, LeaseInfo, OncePer, Request};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use deadpool_redis;
@@ -241,6 +315,7 @@ pub use global::{global_default, set_global_default};
 pub use guard::LeaseGuard;
 pub use job::Job;
 pub use lease::{Held, Lease};
+pub use observe::Observed;
 pub use outcome::{Outcome, Skip};
 pub use skippable::Skippable;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -250,11 +325,11 @@ pub use skippable::Skippable;
 )]
 pub use sqlx;
 pub use tokio_util::sync::CancellationToken;
-pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_TTL, MIN_TTL};
+pub use validate::{MAX_HOLDER_LEN, MAX_NAME_LEN, MAX_PERIOD, MAX_TTL, MAX_VALUE_LEN, MIN_TTL};
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub use lease_macros::singleton;
+pub use leasehold_macros::singleton;
 
 /// Not public API: the runtime side of `#[singleton]`'s expansion.
 #[doc(hidden)]

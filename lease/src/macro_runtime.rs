@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! let lease = AsLease::as_lease(&(<lease expr>));   // or global()
-//! run(lease, Settings { name, ttl, min_hold, max_hold, wait }, move |token, fence| async move { <body> }).await
+//! run(lease, Settings { name, ttl, min_hold, max_hold, grace, wait, once_per, retry_failed }, move |token, fence| async move { <body> }).await
 //! ```
 //!
 //! (`run_or_err` instead of `run` with `on_error = "return"`). The
@@ -33,8 +33,17 @@ pub struct Settings<'a> {
     pub min_hold: Option<Duration>,
     /// `max_hold`, if given.
     pub max_hold: Option<Duration>,
+    /// `grace`, if given (checked by the engine against the ttl: an
+    /// invalid one is [`Error::InvalidGrace`]).
+    pub grace: Option<Duration>,
     /// `wait`, if given.
     pub wait: Option<Duration>,
+    /// `once_per`, if given (checked with the name and ttl, before the
+    /// backend is called: an invalid one is [`Error::InvalidDuration`]).
+    pub once_per: Option<Duration>,
+    /// `retry_failed = true`: with `once_per`, the slot is recorded only
+    /// when the body succeeds ([`Skippable::succeeded`]).
+    pub retry_failed: bool,
 }
 
 impl Settings<'_> {
@@ -59,15 +68,18 @@ impl Settings<'_> {
 /// return its value — or [`Skippable::skipped`] when the run is skipped.
 ///
 /// - `lease` is `None` (no `lease = ...` and no global default): skipped,
-///   logged at error. Never a panic.
-/// - Held elsewhere: skipped, logged at debug. Acquisition failed (backend
-///   error, invalid name, ttl or duration): skipped, logged at warn.
+///   with [`Error::NoLease`], logged at error the first time for each name
+///   (at debug after that). Never a panic.
+/// - Held elsewhere, or (with `once_per`) the schedule slot ran already:
+///   skipped, logged at debug. Acquisition failed (backend error, invalid
+///   name, ttl or duration): skipped, logged at warn.
 /// - Otherwise `f` runs with the lease's token and fencing token (after
 ///   waiting up to `wait` for the lease). Then the lease is released; with
 ///   `min_hold` it is kept (and renewed) until that long after the
 ///   acquisition and released in the background, while this returns at
-///   once. With `max_hold`, the token fires and the lease is released that
-///   long after the acquisition.
+///   once. With `max_hold`, the token fires that long after the
+///   acquisition, and the lease is released when the body returns (or left
+///   to expire if it is still running a `grace` later; see `Job::max_hold`).
 pub async fn run<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> T
 where
     T: Skippable,
@@ -81,8 +93,9 @@ where
 }
 
 /// [`run`] for `on_error = "return"`: an acquisition error (not "held
-/// elsewhere") comes back as `Err(error.into())` instead of the skipped
-/// value. It is logged as in `run`.
+/// elsewhere", not "the slot ran already") comes back as
+/// `Err(error.into())` instead of the skipped value. It is logged as in
+/// `run`.
 pub async fn run_or_err<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> T
 where
     T: Skippable + ReturnsError,
@@ -99,16 +112,23 @@ where
 /// `Ok` with `f`'s value if it ran; why not otherwise (logged).
 async fn attempt<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> Result<T, Skip>
 where
+    T: Skippable,
     F: FnOnce(CancellationToken, Option<u64>) -> Fut,
     Fut: Future<Output = T>,
 {
     let name = settings.name;
     let Some(lease) = lease else {
-        tracing::error!(
-            lease.name = name,
-            "skipped: no lease to run on; call `lease::set_global_default` at start-up \
-             or pass `lease = ...` to `#[singleton]`"
-        );
+        // At error the first time for each name, so that a misconfigured
+        // job is seen in the logs; then at debug, not at every tick.
+        if first_without_lease(name) {
+            tracing::error!(
+                lease.name = name,
+                "skipped: no lease to run on; call `leasehold::set_global_default` at start-up \
+                 or pass `lease = ...` to `#[singleton]` (reported once per name)"
+            );
+        } else {
+            tracing::debug!(lease.name = name, "skipped: no lease to run on");
+        }
         return Err(Skip::Error(Error::NoLease));
     };
     if let Err(error) = settings.check() {
@@ -122,22 +142,41 @@ where
     if let Some(max_hold) = settings.max_hold {
         job = job.max_hold(max_hold);
     }
+    if let Some(grace) = settings.grace {
+        job = job.grace(grace);
+    }
     if let Some(wait) = settings.wait {
         job = job.wait(wait);
     }
-    match job.run(f).await {
+    if let Some(period) = settings.once_per {
+        job = job.once_per(period);
+        if settings.retry_failed {
+            job = job.retry_failed();
+        }
+    }
+    match job.run_judged(f, T::succeeded).await {
         Outcome::Ran(value) => Ok(value),
-        Outcome::Skipped(skip) => Err(skip), // logged by `Job::run`
+        Outcome::Skipped(skip) => Err(skip), // logged by `Job::run_judged`
     }
 }
 
+/// Whether this is the first call for `name` that found no lease to run on.
+fn first_without_lease(name: &str) -> bool {
+    static REPORTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut reported = REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    reported.insert(name.to_owned())
+}
+
 /// What `on_error = "return"` needs of the fn's return type: a way to carry
-/// a [`lease::Error`](Error) — `Result<_, E>` with `E: From<lease::Error>`.
+/// a [`leasehold::Error`](Error) — `Result<_, E>` with `E: From<leasehold::Error>`.
 #[diagnostic::on_unimplemented(
-    message = "`on_error = \"return\"` cannot return a `lease::Error` from a fn that returns `{Self}`",
-    label = "`{Self}` cannot carry a `lease::Error`",
-    note = "return `Result<(), E>` or `Result<Option<T>, E>` where `E: From<lease::Error>` \
-            (e.g. `anyhow::Error`, or an error enum with a `#[from] lease::Error` variant), \
+    message = "`on_error = \"return\"` cannot return a `leasehold::Error` from a fn that returns `{Self}`",
+    label = "`{Self}` cannot carry a `leasehold::Error`",
+    note = "return `Result<(), E>` or `Result<Option<T>, E>` where `E: From<leasehold::Error>` \
+            (e.g. `anyhow::Error`, or an error enum with a `#[from] leasehold::Error` variant), \
             or leave out `on_error` to skip the run on an acquisition error"
 )]
 pub trait ReturnsError {
@@ -228,7 +267,7 @@ pub fn global() -> Option<Lease> {
 #[diagnostic::on_unimplemented(
     message = "`lease = ...` must be a `Lease`, not `{Self}`",
     label = "expected `Lease`, `&Lease`, `Arc<Lease>`, `LazyLock<Lease>` or `Option<&Lease>`",
-    note = "pass the `lease::Lease` to run on, e.g. `lease = self.lease`, or leave `lease` out to use `lease::global_default()`"
+    note = "pass the `leasehold::Lease` to run on, e.g. `lease = self.lease`, or leave `lease` out to use `leasehold::global_default()`"
 )]
 pub trait AsLease {
     /// The lease to run on, cloned; `None` when there is none.

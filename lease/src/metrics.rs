@@ -4,15 +4,14 @@
 //!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `lease_acquire_total` | counter | `name`, `outcome` = `acquired` \| `held_elsewhere` \| `error` | acquisition attempts |
+//! | `lease_acquire_total` | counter | `name`, `outcome` = `acquired` \| `held_elsewhere` \| `already_ran` \| `error` | acquisition attempts |
 //! | `lease_renew_total` | counter | `outcome` = `renewed` \| `lost` \| `error` | renewals, per lease |
 //! | `lease_lost_total` | counter | `name`, `reason` = `taken` \| `deadline` \| `max_hold` | leases lost while held |
 //! | `lease_held` | gauge | | leases this process holds now |
 //! | `lease_backend_seconds` | histogram | `op` = `acquire` \| `renew` \| `release` | time of each backend call |
+//! | `lease_slots_missed_total` | counter | `name` | schedule slots no run claimed (`once_per`) |
 
 use std::time::Duration;
-
-use crate::engine::Loss;
 
 /// An acquisition attempt of `name` ended with `outcome`.
 #[inline]
@@ -33,11 +32,12 @@ pub(crate) fn renewed(outcome: &'static str) {
     let _ = outcome;
 }
 
-/// A held lease of `name` was lost.
+/// A held lease of `name` was lost, for `reason` (`taken`, `deadline`,
+/// `max_hold`).
 #[inline]
-pub(crate) fn lost(name: &str, reason: Loss) {
+pub(crate) fn lost(name: &str, reason: &'static str) {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!("lease_lost_total", "name" => name.to_owned(), "reason" => reason.label())
+    ::metrics::counter!("lease_lost_total", "name" => name.to_owned(), "reason" => reason)
         .increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = (name, reason);
@@ -59,4 +59,13 @@ pub(crate) fn backend_seconds(op: &'static str, took: Duration) {
     ::metrics::histogram!("lease_backend_seconds", "op" => op).record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (op, took);
+}
+
+/// `missed` schedule slots of `name` were claimed by no run (`once_per`).
+#[inline]
+pub(crate) fn slots_missed(name: &str, missed: u64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!("lease_slots_missed_total", "name" => name.to_owned()).increment(missed);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (name, missed);
 }

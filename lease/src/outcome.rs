@@ -25,6 +25,13 @@ pub enum Skip {
     /// Another holder has the lease (or this `Lease` is running the same
     /// name already). The normal case on all replicas but one.
     HeldElsewhere,
+    /// The schedule slot of this run ([`Job::once_per`](crate::Job::once_per))
+    /// was claimed already — by a run on this or another replica. Logged at
+    /// debug.
+    AlreadyRan {
+        /// The slot this run asked for.
+        slot: u64,
+    },
     /// The lease could not be acquired: the backend failed, or the name, ttl
     /// or holder is invalid. Already logged with `tracing::warn!`.
     Error(Error),
@@ -32,7 +39,7 @@ pub enum Skip {
 
 impl<T> Outcome<T> {
     /// `Ok(Some(value))` if the job ran, `Ok(None)` if the lease is held
-    /// elsewhere, `Err` if acquiring it failed.
+    /// elsewhere or the slot ran already, `Err` if acquiring it failed.
     ///
     /// # Errors
     ///
@@ -40,7 +47,7 @@ impl<T> Outcome<T> {
     pub fn into_result(self) -> Result<Option<T>, Error> {
         match self {
             Outcome::Ran(value) => Ok(Some(value)),
-            Outcome::Skipped(Skip::HeldElsewhere) => Ok(None),
+            Outcome::Skipped(Skip::HeldElsewhere | Skip::AlreadyRan { .. }) => Ok(None),
             Outcome::Skipped(Skip::Error(e)) => Err(e),
         }
     }
@@ -63,6 +70,7 @@ impl std::fmt::Display for Skip {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Skip::HeldElsewhere => f.write_str("lease held elsewhere"),
+            Skip::AlreadyRan { slot } => write!(f, "schedule slot {slot} has run already"),
             Skip::Error(e) => write!(f, "lease could not be acquired: {}", e.chain()),
         }
     }
@@ -71,7 +79,7 @@ impl std::fmt::Display for Skip {
 impl std::error::Error for Skip {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Skip::HeldElsewhere => None,
+            Skip::HeldElsewhere | Skip::AlreadyRan { .. } => None,
             Skip::Error(e) => Some(e),
         }
     }

@@ -54,6 +54,31 @@ pub(crate) fn hold(argument: &'static str, duration: Duration) -> Result<(), Err
     Ok(())
 }
 
+/// Longest `once_per` period: a year and a day.
+pub const MAX_PERIOD: Duration = Duration::from_secs(366 * 24 * 60 * 60);
+
+/// Longest value an election may proclaim, in bytes.
+pub const MAX_VALUE_LEN: usize = 4096;
+
+/// A `once_per` period is whole milliseconds from 1 ms to [`MAX_PERIOD`].
+pub(crate) fn once_per(period: Duration) -> Result<(), Error> {
+    if period.is_zero() || period > MAX_PERIOD || !period.subsec_nanos().is_multiple_of(1_000_000) {
+        return Err(Error::InvalidDuration {
+            argument: "once_per",
+            duration: period,
+        });
+    }
+    Ok(())
+}
+
+/// A proclaimed value is at most [`MAX_VALUE_LEN`] bytes.
+pub(crate) fn value(value: &str) -> Result<(), Error> {
+    if value.len() > MAX_VALUE_LEN {
+        return Err(Error::InvalidValue { len: value.len() });
+    }
+    Ok(())
+}
+
 /// The inputs of a backend call with a ttl (acquire, renew), checked as the
 /// engine checks them; the ttl in whole milliseconds, the unit every backend
 /// sends.

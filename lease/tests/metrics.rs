@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::backend::Memory;
-use lease::{Acquisition, Backend, Error, Grant, Lease};
+use leasehold::backend::Memory;
+use leasehold::{Acquisition, Backend, Error, Grant, Lease};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::sleep;
 
@@ -35,19 +35,19 @@ impl Backend for Switchable {
         name: &str,
         holder: &str,
         ttl: Duration,
-    ) -> lease::Result<Option<Grant>> {
+    ) -> leasehold::Result<Option<Grant>> {
         if self.down.load(Ordering::Relaxed) {
             return Err(Error::backend("connection refused"));
         }
         self.db.acquire(name, holder, ttl).await
     }
-    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> lease::Result<bool> {
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> leasehold::Result<bool> {
         if self.down.load(Ordering::Relaxed) {
             return Err(Error::backend("connection refused"));
         }
         self.db.renew(lease, ttl).await
     }
-    async fn release(&self, lease: Acquisition<'_>) -> lease::Result<()> {
+    async fn release(&self, lease: Acquisition<'_>) -> leasehold::Result<()> {
         self.db.release(lease).await
     }
 }

@@ -6,13 +6,13 @@
 //! SQLite file, a lease stolen with SQL) are in the `lease-tests` crate,
 //! `tests/tests/singleton_sqlite.rs`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
-use lease::backend::Memory;
-use lease::{Acquisition, Backend, Error, Grant, Lease, singleton};
-use tokio::time::{Instant, sleep};
+use leasehold::backend::Memory;
+use leasehold::{Acquisition, Backend, Error, Grant, Lease, singleton};
+use tokio::time::{Instant, sleep, sleep_until};
 
 /// Two pods sharing one in-memory store.
 fn pods() -> (Memory, Lease, Lease) {
@@ -285,11 +285,11 @@ async fn return_and_question_mark_in_the_body() {
 // `crate = "..."` through a re-export.
 
 mod my_lib {
-    pub(crate) use ::lease;
+    pub(crate) use ::leasehold;
 }
 
-#[singleton(name = "singleton-crate", ttl = "2s", lease = pod, crate = "my_lib::lease")]
-async fn through_a_re_export(pod: &my_lib::lease::Lease) -> Option<u8> {
+#[singleton(name = "singleton-crate", ttl = "2s", lease = pod, crate = "my_lib::leasehold")]
+async fn through_a_re_export(pod: &my_lib::leasehold::Lease) -> Option<u8> {
     Some(1)
 }
 
@@ -468,5 +468,155 @@ async fn on_error_return_gives_the_acquisition_error_to_the_caller() {
     assert!(
         matches!(reports_errors(&a, ttl).await, Ok(None)),
         "held elsewhere is not an error"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// `once_per`: at most one run per schedule slot across the pods, whenever
+// in the slot each pod's tick comes; `retry_failed = true`: a failed run
+// leaves its slot to be run again.
+
+/// Sleep until 1 s into the next slot of `period` by a `Memory` made just
+/// now (its slots follow the wall clock at creation advanced by tokio's
+/// clock, which is paused here).
+async fn into_next_slot(period: Duration) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("the clock is past 1970")
+        .as_millis();
+    let to_next = period.as_millis() - now % period.as_millis();
+    sleep(Duration::from_millis(
+        u64::try_from(to_next).expect("less than a period") + 1_000,
+    ))
+    .await;
+}
+
+#[singleton(name = "singleton-once-per", ttl = "2s", lease = pod, once_per = "1m")]
+async fn every_minute(pod: &Lease, runs: &Mutex<Vec<(String, Instant)>>) -> Option<()> {
+    let mut runs = runs.lock().expect("not poisoned");
+    runs.push((pod.holder().to_owned(), Instant::now()));
+    Some(())
+}
+
+/// Each pod ticks every minute, pod-b 20 s after pod-a, then (its clock
+/// drifting) 50 s after: each one-minute slot runs once, on whichever pod
+/// ticks first in it. (Without `once_per` the lease is free again by the
+/// later tick, and both would run.)
+#[tokio::test(start_paused = true)]
+async fn once_per_runs_each_slot_once_across_pods_with_skewed_ticks() {
+    let (_db, a, b) = pods();
+    let minute = Duration::from_secs(60);
+    into_next_slot(minute).await;
+    let t0 = Instant::now();
+    let runs = Mutex::new(Vec::new());
+    let ticks = |pod: Lease, skews: [u64; 6]| {
+        let runs = &runs;
+        async move {
+            for (slot, skew) in (0..).zip(skews) {
+                sleep_until(t0 + minute * slot + Duration::from_secs(skew)).await;
+                every_minute(&pod, runs).await;
+            }
+        }
+    };
+    tokio::join!(
+        ticks(a, [0, 0, 0, 30, 30, 30]),
+        ticks(b, [20, 20, 20, 0, 10, 20])
+    );
+    let runs: Vec<(String, u32)> = runs
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|(pod, at)| (pod, ((at - t0).as_secs() / 60) as u32))
+        .collect();
+    let ran = |pod: &str, slot| (pod.to_owned(), slot);
+    assert_eq!(
+        runs,
+        [
+            ran("pod-a", 0),
+            ran("pod-a", 1),
+            ran("pod-a", 2),
+            ran("pod-b", 3),
+            ran("pod-b", 4),
+            ran("pod-b", 5),
+        ]
+    );
+}
+
+#[singleton(name = "singleton-retry-failed", ttl = "2s", lease = pod, once_per = "1h", retry_failed = true)]
+async fn retried(pod: &Lease, fail: bool, runs: &AtomicU32) -> Result<(), String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    if fail {
+        Err("the job failed".into())
+    } else {
+        Ok(())
+    }
+}
+
+#[singleton(name = "singleton-not-retried", ttl = "2s", lease = pod, once_per = "1h")]
+async fn not_retried(pod: &Lease, fail: bool, runs: &AtomicU32) -> Result<(), String> {
+    runs.fetch_add(1, Ordering::SeqCst);
+    if fail {
+        Err("the job failed".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// With `retry_failed = true`, an `Err` leaves the slot to be run again (by
+/// any pod) until a run returns `Ok`; without it, the failed run was the
+/// slot's run.
+#[tokio::test(start_paused = true)]
+async fn a_failed_run_runs_again_in_its_slot_only_with_retry_failed() {
+    let (_db, a, b) = pods();
+    into_next_slot(Duration::from_secs(3600)).await;
+    let failed = Err("the job failed".to_owned());
+
+    let runs = AtomicU32::new(0);
+    assert_eq!(retried(&a, true, &runs).await, failed);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(retried(&b, true, &runs).await, failed, "ran again");
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(retried(&a, false, &runs).await, Ok(()), "ran again");
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(retried(&b, false, &runs).await, Ok(()), "skipped");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    let runs = AtomicU32::new(0);
+    assert_eq!(not_retried(&a, true, &runs).await, failed);
+    sleep(Duration::from_secs(1)).await;
+    assert_eq!(not_retried(&b, false, &runs).await, Ok(()), "skipped");
+    assert_eq!(not_retried(&a, false, &runs).await, Ok(()), "skipped");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // The next slot runs again.
+    sleep(Duration::from_secs(3600)).await;
+    assert_eq!(not_retried(&b, false, &runs).await, Ok(()));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[singleton(name = "singleton-once-per-expr", ttl = "2s", lease = pod, once_per = period, on_error = "return")]
+async fn per_period(pod: &Lease, period: Duration) -> Result<Option<u32>, ReportError> {
+    Ok(Some(1))
+}
+
+/// A `once_per` expression is checked at each call: zero is an invalid
+/// duration (the run is skipped; logged at warn, see the runtime's tests),
+/// here returned by `on_error = "return"`.
+#[tokio::test(start_paused = true)]
+async fn a_zero_once_per_expression_is_an_invalid_duration() {
+    let (_db, a, _) = pods();
+    assert!(matches!(
+        per_period(&a, Duration::ZERO).await,
+        Err(ReportError::Lease(Error::InvalidDuration {
+            argument: "once_per",
+            ..
+        }))
+    ));
+    into_next_slot(Duration::from_secs(60)).await;
+    let minute = Duration::from_secs(60);
+    assert!(matches!(per_period(&a, minute).await, Ok(Some(1))));
+    assert!(
+        matches!(per_period(&a, minute).await, Ok(None)),
+        "a slot that ran already is skipped, not an error"
     );
 }

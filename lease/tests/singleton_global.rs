@@ -1,4 +1,4 @@
-//! `#[singleton]` without `lease = ...` uses `lease::global_default()`.
+//! `#[singleton]` without `lease = ...` uses `leasehold::global_default()`.
 //!
 //! The default can be set once per process, so this file is a test binary
 //! of its own, with a single test that goes through the states in order.
@@ -6,8 +6,8 @@
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use lease::backend::Memory;
-use lease::{Lease, singleton};
+use leasehold::backend::Memory;
+use leasehold::{Lease, singleton};
 
 #[singleton(name = "singleton-global", ttl = "2s")]
 async fn nightly_report(rows: &[u32]) -> Option<u32> {
@@ -25,7 +25,7 @@ async fn without_a_lease_the_run_is_skipped_with_an_error_log_then_the_global_de
 
     // No global default and no `lease = ...`: skipped, logged at error level,
     // and no panic.
-    assert!(lease::global_default().is_none());
+    assert!(leasehold::global_default().is_none());
     assert_eq!(nightly_report(&[1, 2, 3]).await, None);
     let done = Mutex::new(false);
     cleanup(&done).await;
@@ -36,7 +36,7 @@ async fn without_a_lease_the_run_is_skipped_with_an_error_log_then_the_global_de
     assert_eq!(errors.len(), 2, "{logged}");
     assert!(errors[0].contains("singleton-global"), "{logged}");
     assert!(
-        errors[0].contains("lease::set_global_default"),
+        errors[0].contains("leasehold::set_global_default"),
         "says how to fix it: {logged}"
     );
     assert!(
@@ -46,7 +46,7 @@ async fn without_a_lease_the_run_is_skipped_with_an_error_log_then_the_global_de
 
     // Once a default is installed, the same fns run on it.
     let db = Memory::new();
-    lease::set_global_default(Lease::with_holder(db.clone(), "pod-a")).unwrap();
+    leasehold::set_global_default(Lease::with_holder(db.clone(), "pod-a")).unwrap();
     assert_eq!(nightly_report(&[1, 2, 3]).await, Some(6));
     cleanup(&done).await;
     assert!(*done.lock().unwrap());

@@ -1,201 +1,124 @@
 //! [`Etcd`]: one etcd lease per acquisition, transactions for acquire and
-//! release, keep-alives and a linearizable read of the key per renewal.
+//! release, a keep-alive and a linearizable read of the key per renewal,
+//! and one watch over the key prefix per backend value.
 //!
 //! # Ground rules
 //!
-//! - The record of a lease name is one key, `{prefix}{name}`, whose value is
-//!   the holder and which is attached to an etcd lease (with a TTL counted by
-//!   the etcd leader). Every acquisition grants a fresh etcd lease; the key
-//!   is created only by a transaction that finds it absent, so the key's
-//!   `create_revision` (the cluster-wide revision of that put) identifies the
-//!   acquisition and is its fencing token.
-//! - Renew and release concern one acquisition: renew keeps alive the etcd
-//!   lease of that acquisition (the key lives exactly as long as it), on the
-//!   member that leads, and trusts the keep-alive only if a linearizable
-//!   read of the key, answered by the same member in the term it leads,
-//!   finds the acquisition's key on that etcd lease; release
-//!   deletes the key only if its `create_revision` and holder are the
-//!   acquisition's, then revokes the etcd lease.
-//! - Each backend value remembers the etcd lease of each acquisition it made
-//!   (by name, holder and fencing token) and its keep-alive stream, shared
-//!   by its clones. Another value (another
-//!   process) finds the etcd lease by reading the key at each renewal.
+//! - A lease name has up to three keys ([`EtcdKey`]): `{prefix}{name}`,
+//!   whose value is the holder, attached to an etcd lease; beside it, the
+//!   published value on the same etcd lease, and the schedule ledger
+//!   without one. The keys beside it put the byte `0xff`, which UTF-8 never
+//!   uses, after the name, so no lease name's key is one of them.
+//! - Every acquisition grants a fresh etcd lease, and creates the key only
+//!   if it is absent: the key's `create_revision` identifies the
+//!   acquisition (its fencing token).
+//! - Renew and release concern one acquisition. A renewal's keep-alive is
+//!   trusted only if a linearizable read, sent with it, finds the key with
+//!   that acquisition's fencing token, holder and etcd lease; a release
+//!   deletes the key only if it is the acquisition's, then revokes. A
+//!   forced release with a lock delay empties the key's value (no holder is
+//!   empty) and leaves it to its etcd lease's expiry.
+//! - A backend value remembers, for its clones too, the etcd lease of each
+//!   acquisition it made. Another value finds it by reading the key.
+//! - A backend value has one watch over its prefix (`etcd/watch.rs`): a
+//!   deleted or emptied key, or a changed value, wakes its waiters; a
+//!   change of a held key other than its holder's own put resolves that
+//!   holder's `lost` hint.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
-    LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use futures_util::{StreamExt, TryStreamExt};
 
+use crate::backend::push::Push;
+use crate::backend::{Acquired, Request};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
+
+mod watch;
+use watch::{HolderWatch, KeyWatch};
 
 /// Leases as etcd keys attached to etcd leases, with the key's
 /// `create_revision` as the fencing token.
 ///
 /// # Calls
 ///
-/// - **acquire**: `LeaseGrant` of a new etcd lease with the ttl rounded up to
-///   whole seconds (etcd's unit; the cluster may raise it further to its
-///   minimum, about 1.5 election timeouts), then one transaction: if the key
-///   does not exist, put `holder` in it attached to that lease; otherwise
-///   read it. Together with that transaction, a keep-alive opens the etcd
-///   lease's keep-alive stream, which the acquisition's renewals use
-///   (dropped if the key is not taken). If the key already holds `holder`
-///   (an idempotent re-acquire), a second transaction moves the key to the
-///   new etcd lease (so that it lives for the ttl asked for now) keeping its
-///   `create_revision`, the fencing token, and the old etcd lease is revoked
-///   in the background. An etcd lease granted but not used is revoked in
-///   the background. Three requests, two round trips of latency (a
-///   re-acquire: three round trips).
-/// - **renew**: a `LeaseKeepAlive` of the acquisition's etcd lease on its
-///   stream, which restarts its TTL (the ttl it was granted: etcd cannot
-///   change a lease's TTL, so a renewal with another ttl keeps the first),
-///   checked by a linearizable `Range` of the key sent together with it,
-///   both to the member that leads
-///   (see [Renewal](#renewal-and-a-deposed-leader)): two requests, one round
-///   trip of latency. Finding the leader (a `Status` per endpoint, sent
-///   together: one more round trip) is done once, and again after a
-///   renewal that could not be judged, as after a leader change; the first
-///   acquisition asks it together with its grant. A renewal that finds no open stream (the acquisition
-///   was made through another value, or the stream failed) opens one first:
-///   etcd-client 0.21 sends a keep-alive to open it and keeps only that
-///   answer's TTL, not its header, so that renewal costs one more request
-///   and round trip. A renewal that fails, or is cancelled, drops its
-///   stream (an answer it did not read must not be taken for the next
-///   one's). A lease that etcd reports gone (TTL 0: expired or revoked) or
-///   whose key the read does not find with this acquisition's
-///   `create_revision`, holder and etcd lease is lost.
-/// - **release**: one transaction deleting the key iff its `create_revision`
-///   is the acquisition's fencing token and its value the holder, then a
-///   `LeaseRevoke` of the etcd lease.
+/// An acquisition grants an etcd lease (the ttl rounded up to whole
+/// seconds; the cluster may raise it to its minimum, about 1.5 election
+/// timeouts) and puts the key on it iff the key is absent: two round trips
+/// (a re-acquire by the same holder moves the key to the new etcd lease,
+/// keeping the fencing token: three). A renewal is a keep-alive and a
+/// linearizable read of the key: one round trip. A release deletes the key
+/// iff it is the acquisition's, then revokes the etcd lease. The ttl asked
+/// for stays the holder's local deadline; etcd frees the key when the etcd
+/// lease expires, up to the rounding plus its expiry check (every 500 ms)
+/// later. Each call fails with [`Error::Timeout`] after the backend's
+/// [timeout](Etcd::with_timeout) (default 5 s).
 ///
-/// The ttl the [`Lease`](crate::Lease) engine asked for stays the local
-/// deadline (it is never longer than the etcd lease's TTL), so rounding up
-/// is safe: the holder stops before etcd frees the key. Another holder may
-/// take over only when the etcd lease has expired — up to the rounding, plus
-/// etcd's expiry check (every 500 ms), after the requested ttl.
+/// # Values, schedule slots and forced releases
 ///
-/// # Renewal and a deposed leader
+/// Beside the key `{prefix}{name}` (whose value stays the holder), a name
+/// may have keys that start with it and the byte `0xff` (never part of a
+/// name): `value`, the value published with the lease
+/// ([`Election::proclaim`](crate::Election::proclaim)), on the
+/// acquisition's etcd lease, so it ends with the lease; and `slot/` and 20
+/// digits, the schedule ledger ([`Job::once_per`](crate::Job::once_per)),
+/// without an etcd lease, so it outlives release and expiry. Slots are read
+/// from this process's clock (etcd has none to offer). Each is written in
+/// the transaction of the acquisition, release or publication it belongs
+/// to; [`inspect`](Backend::inspect) reads all three in one.
 ///
-/// etcd before 3.4.28 and 3.5.11 (etcd issue #15247, fixed by PR #16822,
-/// which makes `LeaseRenew` check that its member still leads; Debian
-/// bookworm ships 3.4.23) lets a leader that was paused and resumed, and has
-/// not yet heard of the newer term, answer a keep-alive from its own lessor.
-/// The new leader, promoted before that keep-alive, never extended the
-/// lease and revokes it at its expiry, while the holder trusts the answer
-/// and runs past it: two valid holders (the fault suite's `leader-pause`
-/// row measured it, see docs/RELIABILITY.md). A keep-alive sent to a
-/// *follower* has the same hazard one step removed: the follower forwards
-/// it to the member it believes leads, and fills the answer's header with
-/// its own id and term, not those of the member that applied it.
-///
-/// So a backend made by [`connect`](Etcd::connect) keeps one client per
-/// endpoint besides the balanced one, asks the members which of them leads
-/// (`Status`, sent to all together; again whenever a renewal could not be
-/// judged) and sends each renewal — the keep-alive stream and the read —
-/// to that member, which named itself leader in term T. A renewal is
-/// trusted only if:
-///
-/// - the keep-alive answers a TTL above 0, and
-/// - a linearizable read of the key (the default `GetOptions`, not
-///   serializable), sent no earlier than that keep-alive, finds the key with
-///   this acquisition's `create_revision`, holder and etcd lease, and
-/// - both answers' headers name that member and term T.
-///
-/// Why that suffices: the keep-alive's header names the member that
-/// answered and the term it was in when it answered. That member led in
-/// T, and a member leads at most once per term: still in T after applying
-/// the keep-alive, it applied it as T's leader, from T's lessor (a member
-/// that stops leading within its term forwards renewals only to a leader
-/// of a later term, which it must hear of first). A linearizable read is
-/// served only after a quorum confirmed its leader, at a time after the
-/// read was sent, so after the keep-alive was sent; if it still sees T, no
-/// newer leader was promoted before the keep-alive was sent, and a leader
-/// promoted after it restarts every lease's full TTL on taking over: the
-/// lease lives at least until the keep-alive's send time + TTL, what the
-/// engine assumes. Any other answer cannot be told apart from a renewal
-/// only a deposed leader applied, and the renewal fails with
-/// [`Error::Etcd`] — neither renewed nor lost: the engine retries it until
-/// the local deadline, which it does not move, and the retry asks again who
-/// leads. A deposed leader cannot serve a linearizable read (it has no
-/// quorum): the read fails, or waits until it hears of the new term (its
-/// header then has the new one), or until the call's time limit.
-///
-/// A backend made by [`new`](Etcd::new) from a client, or whose endpoints
-/// do not include the leader (a single endpoint in front of the cluster, a
-/// proxy), cannot tell which member answers: it sends renewals through the
-/// balanced client and checks only that both answers come from one raft
-/// term. That check misses the follower above: on such set-ups run etcd
-/// 3.4.28 / 3.5.11 or later, which refuse a renewal on a member that no
-/// longer leads, or rely on the fencing token.
-///
-/// None of this helps against the deposed leader's *revocations* (see
-/// [Faults](#faults)): those come from the server.
-///
-/// Every call (all its round trips together) is bounded by the backend's
-/// [timeout](Etcd::with_timeout) (default 5 s), after which it fails with
-/// [`Error::Timeout`].
+/// [`force_release`](Backend::force_release) empties the key's value,
+/// keeping its etcd lease: the holder's renewals fail from then on, and
+/// nobody acquires the name until the etcd lease expires. The renewal that
+/// learns of the eviction still extends the etcd lease once, so the delay
+/// may last up to a ttl past the expiry `inspect` reported just before.
 ///
 /// # Fencing tokens
 ///
-/// The key's `create_revision`: the revision of the cluster at the put that
-/// created it. Revisions grow with every write to the cluster, so the
-/// tokens of one name grow strictly with each acquisition (by more than
-/// one), and never go back: a release deletes the key, and the next
-/// acquisition creates it at a later revision. Compaction removes old
-/// revisions from the history, not the `create_revision` of a live key: it
-/// changes nothing for a held lease.
+/// The key's `create_revision`: the cluster's revision at the put that
+/// created it. Revisions grow with every write, so the tokens of one name
+/// grow strictly with each acquisition (by more than one).
+///
+/// # Waiting and watching
+///
+/// A backend value (with its clones) keeps one etcd watch over its prefix,
+/// from its first waiter or holder until 10 s after the last. A waiter
+/// ([`Lease::acquire`](crate::Lease::acquire), an
+/// [`Election`](crate::Election), [`Lease::observe`](crate::Lease::observe))
+/// learns through it that a key was deleted (released, expired, revoked)
+/// or force-released, or that its published value changed, about one
+/// round trip later. A holder
+/// learns that its key was deleted or taken over about one round trip
+/// after that committed: the engine renews at once, and the renewal that
+/// finds the lease lost cancels the token. While the watch is down, waiters
+/// poll and holders renew every `ttl/3`, as they do anyway. A process sees
+/// every acquisition and release under its prefix: give each application
+/// its own.
 ///
 /// # Faults
 ///
-/// - **A member fails** (crash, restart, partition): the cluster goes on
-///   with a majority; requests sent to that member fail (the client is
-///   connected with `require_leader`, so a member cut off from the leader
-///   refuses rather than hangs) and are retried by the engine until the
-///   lease's local deadline, through the other endpoints given to
-///   [`connect`](Etcd::connect). The etcd leases survive: a new leader
-///   restarts every lease's TTL when it takes over, so a held lease is not
-///   lost by a leader change. Without a majority, no request succeeds: the
-///   holder's token is cancelled at its local deadline, and nobody else can
-///   acquire (etcd does not expire leases without a leader) until a
-///   majority is back.
-/// - **Compaction** (`etcdctl compact`, auto-compaction): removes history,
-///   not keys or leases: no effect on a held lease or its fencing token.
-/// - **The etcd lease is revoked** (`etcdctl lease revoke`, an operator, or
-///   another client): etcd deletes the key at once; the holder learns at its
-///   next renewal (within `ttl/3`), whose keep-alive reports the lease gone,
-///   and its token is cancelled. Another holder may acquire in between: as
-///   with any takeover, the fencing token tells them apart.
-/// - **The key is deleted by hand** (`etcdctl del`) without revoking its
-///   etcd lease: the lease lives on and its keep-alives succeed, but the
-///   renewal's read of the key does not find it, so the holder's next
-///   renewal (within `ttl/3`) reports the lease lost and its token is
-///   cancelled, as after a revocation. Another holder may acquire in
-///   between; the fencing token tells them apart.
-/// - **A leader is paused or cut off and resumes** believing it still
-///   leads: a renewal it answers fails (see
-///   [Renewal](#renewal-and-a-deposed-leader)), and is retried to the
-///   member that leads now. But **it may revoke held leases**: on
-///   resuming, its lessor still counts every lease from the last keep-alive
-///   *it* saw, finds those of a pause longer than their TTL expired, and
-///   proposes their revocation, which the new leader commits — although
-///   the holder renewed them through the new leader, and that renewal was
-///   sound (etcd issue #15247; the check that etcd 3.4.28 / 3.5.11 added
-///   narrows it but does not close it: measured on 3.4.23 and on 3.5.16).
-///   For the holder it is a revocation like an operator's (below): the key
-///   is gone at once, another contender may acquire it, and the holder
-///   learns at its next renewal (within `ttl/3` and a round trip) and its
-///   token is cancelled. **Until then both believe they hold the lease**;
-///   only the fencing token tells their writes apart. No client can
-///   prevent it; docs/RELIABILITY.md measures it (`leader-pause`).
-/// - **The leader changes**: the first renewal sent to the old leader
-///   fails (another member or term answers); its retry asks who leads and
-///   opens a keep-alive stream there.
+/// - **A member fails** (crash, restart, partition): requests to it fail
+///   (the client asks for a leader, so a member cut off from it refuses),
+///   and the engine retries them, through the other endpoints, until the
+///   lease's local deadline. A new leader restarts every etcd lease's TTL.
+///   Without a majority nothing succeeds: the holder stops at its local
+///   deadline, and nobody acquires until a majority is back.
+/// - **The etcd lease is revoked** (`etcdctl lease revoke`) or **the key is
+///   deleted** (`etcdctl del`): another holder may acquire at once, and the
+///   watch tells the holder about one round trip later (its next renewal,
+///   within `ttl/3`, if the watch is down). Until then both may believe
+///   they hold the lease: only the fencing token tells their writes apart.
+/// - **A leader is paused and resumes** believing it still leads: it may
+///   answer a keep-alive it can no longer honour (etcd before 3.4.28 and
+///   3.5.11, issue #15247), and revoke leases that their holders renewed
+///   through the new leader (its lessor counts from the last keep-alive
+///   *it* saw; still seen on 3.5.16). Either way a revocation, as above;
+///   docs/RELIABILITY.md measures it (`leader-pause`).
 ///
 /// # Building
 ///
@@ -208,9 +131,9 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lease::{backend::Etcd, Lease};
+/// use leasehold::{backend::Etcd, Lease};
 ///
-/// # #[tokio::main] async fn main() -> Result<(), lease::Error> {
+/// # #[tokio::main] async fn main() -> Result<(), leasehold::Error> {
 /// let etcd = Etcd::connect(["http://127.0.0.1:2379", "http://127.0.0.1:22379"])
 ///     .await?
 ///     .with_prefix("myapp/lease/")?;
@@ -224,112 +147,32 @@ use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 #[derive(Clone)]
 pub struct Etcd {
     client: Client,
-    /// One client per endpoint given to [`connect`](Etcd::connect), to send
-    /// renewals to the member that leads; `None` for a backend built on a
-    /// client ([`new`](Etcd::new)).
-    members: Option<Arc<Members>>,
     prefix: Arc<str>,
     timeout: Duration,
-    /// The etcd lease (and keep-alive stream) of each acquisition made
-    /// through this value (and its clones), by (name, holder, fencing
-    /// token).
-    leases: Arc<Mutex<Leases>>,
+    /// The etcd lease of each acquisition made through this value (and its
+    /// clones).
+    leases: Arc<Mutex<EtcdLeases>>,
+    /// The watch over the prefix (`watch.rs`), set up for the first waiter
+    /// or holder, shared by the clones.
+    watch: Arc<OnceLock<Push<KeyWatch>>>,
 }
 
 /// The etcd lease of each acquisition, by (name, holder, fencing token).
-type Leases = HashMap<(String, String, u64), Held>;
+type EtcdLeases = HashMap<(String, String, u64), Remembered>;
 
-/// The key of an acquisition in [`Leases`].
+/// The key of an acquisition in [`EtcdLeases`].
 fn entry(name: &str, holder: &str, fence: u64) -> (String, String, u64) {
     (name.to_owned(), holder.to_owned(), fence)
 }
 
-/// The members of the cluster as given to [`Etcd::connect`], one client
-/// each, and the one that leads as last found (see
-/// [Renewal](Etcd#renewal-and-a-deposed-leader)).
-struct Members {
-    /// By endpoint, in the order given.
-    clients: Vec<Client>,
-    /// Where renewals go, until a renewal through it fails.
-    route: Mutex<Option<Route>>,
-    /// Held while the members are asked who leads, so that renewals that
-    /// all found no route ask once.
-    finding: tokio::sync::Mutex<()>,
-}
-
-/// Where renewals go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
-    /// To the member at this index of [`Members::clients`], which said it
-    /// leads in this term: a renewal is trusted only if both its answers
-    /// come from that member in that term.
-    Leader { index: usize, origin: Origin },
-    /// Every endpoint answered and none leads (the leader is a member that
-    /// was not given, as behind a proxy or a single endpoint): through the
-    /// balanced client, with the weaker check of one raft term.
-    Unlisted,
-}
-
-/// Who answered a request, from its response header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Origin {
-    member_id: u64,
-    term: u64,
-}
-
-impl Origin {
-    fn of(header: Option<&etcd_client::ResponseHeader>) -> Option<Self> {
-        header.map(|h| Self {
-            member_id: h.member_id(),
-            term: h.raft_term(),
-        })
-    }
-}
-
-/// Forgets the route a renewal used unless the renewal got answers it
-/// could judge: after an error, a timeout, an answer from another member
-/// or term, or a cancellation, the next renewal asks again who leads.
-struct RouteCheck<'a> {
-    members: Option<&'a Members>,
-    route: Option<Route>,
-    judged: bool,
-}
-
-impl Drop for RouteCheck<'_> {
-    fn drop(&mut self) {
-        if self.judged {
-            return;
-        }
-        if let (Some(members), Some(route)) = (self.members, self.route) {
-            let mut cached = members.route.lock().unwrap_or_else(|e| e.into_inner());
-            if *cached == Some(route) {
-                *cached = None;
-            }
-        }
-    }
-}
-
-/// An acquisition's etcd lease and its keep-alive stream.
-struct Held {
+/// An acquisition's etcd lease.
+struct Remembered {
     id: i64,
     /// Its release was sent and has not been confirmed (it failed, or was
     /// cancelled by the engine's limit). Such an acquisition is never
     /// renewed, and an acquisition by the same holder that finds its key
     /// finishes that release first (see [`Etcd::try_acquire`]).
     releasing: bool,
-    /// Taken out by a renewal while it runs, put back only after the
-    /// renewal read its answer: a stream with an unread answer is dropped.
-    stream: Option<KeepAlive>,
-}
-
-/// A keep-alive stream of one etcd lease: where keep-alives are sent, and
-/// where their answers come back (in order).
-struct KeepAlive {
-    /// The member it was opened to (an index of [`Members::clients`]), or
-    /// `None` through the balanced client.
-    member: Option<usize>,
-    keeper: LeaseKeeper,
-    stream: LeaseKeepAliveStream,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -355,9 +198,7 @@ impl Etcd {
     /// Connect to the etcd cluster at `endpoints` (such as
     /// `["http://127.0.0.1:2379"]`), and only those: the client balances its
     /// requests over them and does not discover other members. Give it
-    /// every member, so that it goes on when one fails, and so that
-    /// renewals can be sent to the member that leads (see
-    /// [Renewal](#renewal-and-a-deposed-leader)).
+    /// every member, so that it goes on when one fails.
     ///
     /// The connection sends HTTP/2 pings (every 5 s, 2 s to answer) so that
     /// a member that went silent is noticed, asks for a leader on every
@@ -379,9 +220,7 @@ impl Etcd {
     }
 
     /// [`connect`](Etcd::connect) with the client's `options` (credentials,
-    /// timeouts, TLS) instead of its defaults. Every client it makes (one
-    /// balanced over `endpoints`, and one per endpoint for renewals) uses
-    /// them.
+    /// timeouts, TLS) instead of its defaults.
     ///
     /// # Errors
     ///
@@ -395,38 +234,19 @@ impl Etcd {
             .into_iter()
             .map(|e| e.as_ref().to_owned())
             .collect();
-        let client = Client::connect(&endpoints, Some(options.clone())).await?;
-        // Connected lazily, as the balanced client: a member that is down
-        // now is reached when it is back.
-        let mut clients = Vec::with_capacity(endpoints.len());
-        for endpoint in &endpoints {
-            clients.push(Client::connect([endpoint], Some(options.clone())).await?);
-        }
-        Ok(Self {
-            members: Some(Arc::new(Members {
-                clients,
-                route: Mutex::new(None),
-                finding: tokio::sync::Mutex::new(()),
-            })),
-            ..Self::new(client)
-        })
+        Ok(Self::new(Client::connect(&endpoints, Some(options)).await?))
     }
 
     /// A backend on `client`, with the key prefix `lease/` and a 5 s
     /// timeout per call. The client's own settings (endpoints, timeouts,
     /// authentication) apply.
-    ///
-    /// A backend made this way cannot tell which member answers, and its
-    /// renewals have the weaker check that
-    /// [Renewal](#renewal-and-a-deposed-leader) describes: prefer
-    /// [`connect`](Etcd::connect) or [`connect_with`](Etcd::connect_with).
     pub fn new(client: Client) -> Self {
         Self {
             client,
-            members: None,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             leases: Arc::default(),
+            watch: Arc::default(),
         }
     }
 
@@ -447,6 +267,8 @@ impl Etcd {
         }
         Ok(Self {
             prefix: prefix.into(),
+            // A watch over the new prefix.
+            watch: Arc::default(),
             ..self
         })
     }
@@ -456,7 +278,11 @@ impl Etcd {
     /// applies its own, often shorter, limits on top (a renewal gets at most
     /// `ttl/3`).
     pub fn with_timeout(self, timeout: Duration) -> Self {
-        Self { timeout, ..self }
+        Self {
+            timeout,
+            watch: Arc::default(),
+            ..self
+        }
     }
 
     /// The key prefix.
@@ -479,8 +305,8 @@ impl Etcd {
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), lease::Error> {
-    /// let etcd = lease::backend::Etcd::connect(["http://127.0.0.1:2379"]).await?;
+    /// # async fn f() -> Result<(), leasehold::Error> {
+    /// let etcd = leasehold::backend::Etcd::connect(["http://127.0.0.1:2379"]).await?;
     /// assert_eq!(etcd.key("report"), "lease/report");
     /// # Ok(()) }
     /// ```
@@ -495,126 +321,101 @@ impl Etcd {
         i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
     }
 
-    /// What [`inspect`](Backend::inspect) answers for the key `kv`.
-    async fn info(&self, kv: &KeyValue) -> Result<LeaseInfo, Error> {
-        let name = String::from_utf8_lossy(&kv.key()[self.prefix.len().min(kv.key().len())..])
-            .into_owned();
-        let expires_in = if kv.lease() == 0 {
+    /// The key `{prefix}{name}` followed by `what` ([`VALUE`], [`SLOT`]...).
+    fn beside(&self, name: &str, what: &[u8]) -> Vec<u8> {
+        [self.key(name).as_bytes(), what].concat()
+    }
+
+    /// The ledger key of `slot` of `name`.
+    fn slot_key(&self, name: &str, slot: u64) -> Vec<u8> {
+        [self.beside(name, SLOT), format!("{slot:020}").into_bytes()].concat()
+    }
+
+    /// A get of the ledger of `name`.
+    fn read_ledger(&self, name: &str) -> TxnOp {
+        let options = GetOptions::new().with_prefix();
+        TxnOp::get(self.beside(name, SLOT), Some(options))
+    }
+
+    /// The ops that record `slot` in the ledger of `name`: the slot's key
+    /// put, every lower one deleted. The ledger is the highest key left, so
+    /// a lower slot recorded late never lowers it.
+    fn record(&self, name: &str, slot: u64) -> Vec<TxnOp> {
+        let below = DeleteOptions::new().with_range(self.slot_key(name, slot));
+        vec![
+            TxnOp::delete(self.beside(name, SLOT), Some(below)),
+            TxnOp::put(self.slot_key(name, slot), "", None),
+        ]
+    }
+
+    /// What the key `key` is, if it is one of this backend's: the lease
+    /// name (lossily, as etcd keys need not be UTF-8) and which of its keys.
+    fn parse(&self, key: &[u8]) -> Option<(String, EtcdKey)> {
+        let rest = key.strip_prefix(self.prefix.as_bytes())?;
+        let (name, kind) = EtcdKey::split(rest)?;
+        Some((String::from_utf8_lossy(name).into_owned(), kind))
+    }
+
+    /// What [`inspect`](Backend::inspect) answers for `name`, from its keys.
+    async fn info(&self, name: String, keys: NameKeys) -> Result<LeaseInfo, Error> {
+        let key = keys.lease.as_ref();
+        let id = key.map_or(0, KeyValue::lease);
+        let expires_in = if id == 0 {
             None
         } else {
             let mut client = self.client.clone();
             let ttl = client
-                .lease_time_to_live(kv.lease(), Some(LeaseTimeToLiveOptions::new()))
+                .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new()))
                 .await?
                 .ttl();
+            // Whole seconds, rounded down (-1: no such lease): the key
+            // stays up to a second longer, so that is what is reported
+            // (and a key with less than a second left is still held).
             u64::try_from(ttl)
                 .ok()
-                .filter(|&s| s > 0)
-                .map(Duration::from_secs)
+                .map(|s| Duration::from_secs(s.saturating_add(1)))
         };
-        Ok(LeaseInfo::new(
+        let holder = key.map_or(Vec::new(), |kv| kv.value().to_vec());
+        let forced = key.is_some() && holder.is_empty();
+        let value = keys.value.filter(|_| !forced && expires_in.is_some());
+        let info = LeaseInfo::new(
             name,
-            String::from_utf8_lossy(kv.value()),
+            String::from_utf8_lossy(&holder),
             expires_in,
-            fence_of(kv),
-        ))
+            key.and_then(fence_of),
+        );
+        Ok(info
+            .with_value(value)
+            .with_slot(keys.slot)
+            .with_forced(forced && expires_in.is_some()))
     }
 
-    fn leases(&self) -> MutexGuard<'_, Leases> {
+    /// The watch over the prefix, set up now if it is not.
+    fn watch(&self) -> &Push<KeyWatch> {
+        self.watch.get_or_init(|| {
+            Push::new(KeyWatch {
+                client: self.client.clone(),
+                prefix: self.prefix.clone(),
+                timeout: self.timeout,
+                holders: Arc::default(),
+            })
+        })
+    }
+
+    fn leases(&self) -> MutexGuard<'_, EtcdLeases> {
         // Every update is a single insert or remove: a poisoned lock is consistent.
         self.leases.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember(&self, lease: Acquisition<'_>, id: i64, stream: Option<KeepAlive>) {
+    fn remember(&self, lease: Acquisition<'_>, id: i64) {
         if let Some(fence) = lease.fencing_token {
-            self.leases().insert(
-                entry(lease.name, lease.holder, fence),
-                Held {
-                    id,
-                    stream,
-                    releasing: false,
-                },
-            );
+            let remembered = Remembered {
+                id,
+                releasing: false,
+            };
+            self.leases()
+                .insert(entry(lease.name, lease.holder, fence), remembered);
         }
-    }
-
-    /// Open a keep-alive stream of the etcd lease `id` on `route`'s member
-    /// (etcd-client sends a first keep-alive and waits for its answer).
-    async fn open_stream(&self, id: i64, route: Option<Route>) -> Result<KeepAlive, Error> {
-        let (member, mut client) = self.client_for(route);
-        let (keeper, stream) = client.lease_keep_alive(id).await?;
-        Ok(KeepAlive {
-            member,
-            keeper,
-            stream,
-        })
-    }
-
-    /// The member index and the client that requests on `route` go through.
-    fn client_for(&self, route: Option<Route>) -> (Option<usize>, Client) {
-        match (member_of(route), &self.members) {
-            (Some(index), Some(members)) => (Some(index), members.clients[index].clone()),
-            _ => (None, self.client.clone()),
-        }
-    }
-
-    /// Where renewals go: the route last found, or the member that says it
-    /// leads now (one `Status` to every endpoint, sent together; the first
-    /// that names itself is taken — a renewal checks it). `None` for a
-    /// backend built on a client.
-    async fn route(&self) -> Result<Option<Route>, Error> {
-        let Some(members) = &self.members else {
-            return Ok(None);
-        };
-        let cached = || *members.route.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(route) = cached() {
-            return Ok(Some(route));
-        }
-        let _finding = members.finding.lock().await;
-        if let Some(route) = cached() {
-            return Ok(Some(route));
-        }
-        let route = find_leader(&members.clients).await?;
-        tracing::debug!(?route, "etcd: renewals go to this member");
-        *members.route.lock().unwrap_or_else(|e| e.into_inner()) = Some(route);
-        Ok(Some(route))
-    }
-
-    /// Run `call` while the route is found, if it is not known: the route
-    /// if it was found by the time `call` is done.
-    async fn alongside_route<T>(&self, call: impl Future<Output = T>) -> (T, Option<Route>) {
-        let route = self.route();
-        tokio::pin!(route, call);
-        let mut found = None;
-        let mut finding = true;
-        loop {
-            tokio::select! {
-                biased;
-                r = &mut route, if finding => {
-                    finding = false;
-                    found = r.ok().flatten();
-                }
-                out = &mut call => return (out, found),
-            }
-        }
-    }
-
-    /// Take out the keep-alive stream of `lease`'s etcd lease `id`, if one
-    /// is open to `route`'s member and not in use by another renewal (a
-    /// stream to another member is dropped).
-    fn take_stream(
-        &self,
-        lease: Acquisition<'_>,
-        fence: u64,
-        id: i64,
-        route: Option<Route>,
-    ) -> Option<KeepAlive> {
-        let member = member_of(route);
-        self.leases()
-            .get_mut(&entry(lease.name, lease.holder, fence))
-            .filter(|held| held.id == id && !held.releasing)
-            .and_then(|held| held.stream.take())
-            .filter(|open| open.member == member)
     }
 
     fn forget(&self, lease: Acquisition<'_>) {
@@ -624,14 +425,13 @@ impl Etcd {
         }
     }
 
-    /// Mark `lease` as being released: never renewed again, its keep-alive
-    /// stream closed. The etcd lease it had, if this value knows it.
+    /// Mark `lease` as being released: never renewed again. The etcd lease
+    /// it had, if this value knows it.
     fn releasing(&self, lease: Acquisition<'_>) -> Option<i64> {
         let fence = lease.fencing_token?;
         let mut leases = self.leases();
         let held = leases.get_mut(&entry(lease.name, lease.holder, fence))?;
         held.releasing = true;
-        held.stream = None;
         Some(held.id)
     }
 
@@ -685,295 +485,267 @@ impl Etcd {
         if let Some(id) = remembered {
             return Ok(id);
         }
-        let kv = self.read(lease.name).await?;
+        let mut client = self.client.clone();
+        let kv = client.get(self.key(lease.name), None).await?.take_kvs();
         Ok(kv
+            .into_iter()
+            .next()
             .filter(|kv| fence_of(kv) == Some(fence) && kv.value() == lease.holder.as_bytes())
             .map(|kv| kv.lease()))
     }
 
-    /// The key of `name`, if it exists.
-    async fn read(&self, name: &str) -> Result<Option<KeyValue>, Error> {
-        let mut client = self.client.clone();
-        let mut response = client.get(self.key(name), None).await?;
-        Ok(response.take_kvs().into_iter().next())
-    }
-
     /// One renewal of the acquisition `lease`, whose etcd lease is `id`: a
-    /// keep-alive on the acquisition's stream to the member that leads
-    /// (opened first if it has none there) sent together with a
-    /// linearizable read of the key on the same member, judged by
-    /// [`verdict`]. The stream goes back to the acquisition only after a
-    /// renewal that succeeded; on an error, a loss or a cancellation it is
-    /// dropped, with any answer left unread on it. A renewal whose answers
-    /// could not be judged (an error, another member or term, a timeout)
-    /// forgets the route, and the next one asks again who leads.
+    /// keep-alive sent together with a linearizable read of the key, judged
+    /// by [`verdict`]. The keep-alive opens a stream of its own, which
+    /// etcd-client does with a first keep-alive whose answer it checks (a
+    /// TTL of 0 is "lease not found"): one round trip, and no answer of
+    /// an earlier renewal, cancelled or failed, can be taken for this one's.
     async fn renew_once(&self, lease: Acquisition<'_>, fence: u64, id: i64) -> Result<bool, Error> {
-        let route = self.route().await?;
-        let mut check = RouteCheck {
-            members: self.members.as_deref(),
-            route,
-            judged: false,
-        };
-        let open = match self.take_stream(lease, fence, id, route) {
-            Some(open) => open,
-            // etcd-client sends a first keep-alive to open the stream,
-            // checks its TTL and drops the rest of the answer (its header):
-            // the keep-alive sent below is the one whose answer is judged.
-            None => match self.open_stream(id, route).await {
-                Ok(opened) => opened,
-                // etcd-client's answer to a keep-alive whose reply has TTL 0.
-                Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(m)))
-                    if m == "lease not found" =>
-                {
-                    check.judged = true;
-                    return Ok(false);
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        let KeepAlive {
-            member,
-            mut keeper,
-            mut stream,
-        } = open;
+        let mut keeper = self.client.clone();
         let keep_alive = async {
-            keeper.keep_alive().await?;
-            stream.message().await
+            match keeper.lease_keep_alive(id).await {
+                Ok(_) => Ok(true),
+                Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == "lease not found" => {
+                    Ok(false)
+                }
+                Err(e) => Err(e),
+            }
         };
-        // Polled second by `try_join!`: sent no earlier than the keep-alive
-        // is handed to its stream. `GetOptions` default: a linearizable
-        // read (not serializable).
-        let mut reader = self.client_for(route).1;
+        // Polled second by `try_join!`: sent no earlier than the keep-alive.
+        // `GetOptions` default: a linearizable read.
+        let mut reader = self.client.clone();
         let read = reader.get(self.key(lease.name), None);
-        let (answer, mut read) = tokio::try_join!(keep_alive, read)?;
-        let Some(answer) = answer else {
-            return Err(Error::Protocol(
-                "etcd closed the keep-alive stream without an answer".to_owned(),
-            ));
-        };
-        let key = read.take_kvs().into_iter().next();
-        let leader = match route {
-            Some(Route::Leader { origin, .. }) => Some(origin),
-            _ => None,
-        };
-        let seen = Renewal {
-            ttl: answer.ttl(),
-            keep_alive: Origin::of(answer.header()),
-            read: Origin::of(read.header()),
-            key: key.as_ref().map(|kv| KeySeen {
-                create_revision: kv.create_revision(),
-                lease: kv.lease(),
-                holder_matches: kv.value() == lease.holder.as_bytes(),
-            }),
-        };
+        let (alive, mut read) = tokio::try_join!(keep_alive, read)?;
+        let key = read.take_kvs().into_iter().next().map(|kv| KeySeen {
+            create_revision: kv.create_revision(),
+            lease: kv.lease(),
+            holder_matches: kv.value() == lease.holder.as_bytes(),
+        });
         tracing::debug!(
             lease.name = lease.name,
             fence,
-            ?route,
-            ?seen,
+            alive,
+            ?key,
             "etcd: renewal answered"
         );
-        let renewed = verdict(seen, fence, id, leader)?;
-        check.judged = true;
-        if renewed {
-            self.keep_stream(
-                lease,
-                fence,
-                id,
-                KeepAlive {
-                    member,
-                    keeper,
-                    stream,
-                },
-            );
-        }
-        Ok(renewed)
+        Ok(verdict(alive, key, fence, id))
     }
 
-    /// Give the open stream back to the acquisition after a renewal. A
-    /// stream whose acquisition this value does not remember (released
-    /// meanwhile, or made through another value) is dropped.
-    fn keep_stream(&self, lease: Acquisition<'_>, fence: u64, id: i64, open: KeepAlive) {
-        let key = entry(lease.name, lease.holder, fence);
-        if let Some(held) = self
-            .leases()
-            .get_mut(&key)
-            .filter(|held| held.id == id && !held.releasing)
-        {
-            held.stream = Some(open);
-        }
-    }
-
-    async fn try_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+    /// Acquire with a new etcd lease: an etcd lease not used in the end is
+    /// revoked in the background.
+    async fn try_acquire(&self, request: Request<'_>) -> Result<Acquired> {
         let mut client = self.client.clone();
-        // Who leads is asked (when not known) together with the grant: the
-        // keep-alive stream opens to that member. Without an answer by the
-        // time the grant is answered it opens through the balanced client,
-        // and the first renewal opens one to the leader.
-        let (granted, route) = self
-            .alongside_route(client.lease_grant(Self::lease_ttl_secs(ttl), None))
-            .await;
-        let granted = granted?.id();
-        tracing::debug!(id = granted, "etcd: granted");
+        let granted = client
+            .lease_grant(Self::lease_ttl_secs(request.ttl), None)
+            .await?
+            .id();
+        let outcome = self.claim(request, granted).await;
+        if !matches!(outcome, Ok(Acquired::Granted(_))) {
+            self.revoke_later(granted);
+        }
+        outcome
+    }
+
+    /// Put the holder in the key of the request's name on the etcd lease
+    /// `granted`, with the request's value and slot, if the key is free or
+    /// already the holder's, and the slot is above the ledger.
+    async fn claim(&self, request: Request<'_>, granted: i64) -> Result<Acquired> {
+        let (name, holder) = (request.name, request.holder);
+        let slot = request.once_per.map(|o| o.slot_at(clock_ms()));
+        let mut client = self.client.clone();
         let key = self.key(name);
+        // The key as this holder holds it already: an idempotent re-acquire
+        // moves it to `granted`.
+        let mut held: Option<KeyValue> = None;
         let mut finished_release = false;
-        let kv = loop {
-            let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.clone(),
-                    holder,
-                    Some(PutOptions::new().with_lease(granted)),
-                )])
-                .or_else([TxnOp::get(key.clone(), None)]);
-            // The keep-alive stream of the new etcd lease opens together
-            // with the transaction (one round trip for both), so that every
-            // renewal is one round trip; it is dropped if the key is not
-            // taken.
-            let (response, stream) =
-                tokio::join!(client.txn(txn), self.open_stream(granted, route));
-            let stream = stream.ok();
-            let response = match response {
-                Ok(response) => response,
-                Err(e) => {
-                    self.revoke_later(granted);
-                    return Err(e.into());
-                }
+        loop {
+            let when = match &held {
+                None => vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],
+                Some(kv) => vec![
+                    Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
+                    Compare::value(key.clone(), CompareOp::Equal, holder),
+                ],
             };
-            if response.succeeded() {
-                let revision = response.header().map(|h| h.revision()).ok_or_else(|| {
-                    Error::Protocol("etcd answered a transaction without a header".to_owned())
+            let response = client
+                .txn(self.claim_txn(request, slot, granted, when))
+                .await?;
+            let revision = response.header().map(|h| h.revision());
+            let succeeded = response.succeeded();
+            let mut found = gets(response).into_iter();
+            if succeeded {
+                // A re-acquire keeps the key's `create_revision`, the
+                // fencing token; a new key's is the transaction's revision.
+                let fence = positive(match &held {
+                    Some(kv) => kv.create_revision(),
+                    None => revision.unwrap_or(0),
                 })?;
-                let fence = positive(revision)?;
-                self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
-                return Ok(Some(Grant::new(Some(fence))));
+                if let Some(old) = held.filter(|kv| kv.lease() != 0) {
+                    // Nothing is attached to the old etcd lease any more.
+                    self.revoke_later(old.lease());
+                }
+                self.remember(Acquisition::new(name, holder, Some(fence)), granted);
+                let last = self.keys_of(found.next().into_iter().flatten()).slot;
+                let grant = Grant::new(Some(fence));
+                return Ok(Acquired::Granted(match slot {
+                    Some(slot) => grant.with_slot(slot, last),
+                    None => grant,
+                }));
             }
-            drop(stream);
-            let existing = response.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(mut get) => get.take_kvs().into_iter().next(),
-                _ => None,
-            });
-            let Some(kv) = existing.filter(|kv| kv.value() == holder.as_bytes()) else {
-                // Held by another holder (or, impossibly, read as absent).
-                self.revoke_later(granted);
-                return Ok(None);
+            let existing = found.next().and_then(|kvs| kvs.into_iter().next());
+            let last = self.keys_of(found.next().into_iter().flatten()).slot;
+            if let Some(slot) = slot.filter(|&s| last.is_some_and(|last| s <= last)) {
+                return Ok(Acquired::AlreadyRan { slot });
+            }
+            // Held by another holder, or (a re-acquire) the key changed since
+            // it was read (expired, released): nothing is acquired this time.
+            let Some(kv) = existing.filter(|kv| held.is_none() && kv.value() == holder.as_bytes())
+            else {
+                return Ok(Acquired::HeldElsewhere { expires_in: None });
             };
             if finished_release || !self.unconfirmed_release(name, holder, &kv) {
-                break kv;
-            }
-            // The key is this holder's earlier acquisition, whose release
-            // was sent and not confirmed (the engine kept the name for a
-            // ttl since; etcd frees a key only at its lease's expiry sweep,
-            // later). That release may still be delivered: finish it (revoke
-            // its etcd lease, which deletes the key) and acquire afresh,
-            // with a new fencing token, rather than re-acquire it with the
-            // old one, which the late release would then end.
-            finished_release = true;
-            tracing::debug!(id = kv.lease(), "etcd: finishing an unconfirmed release");
-            match client.lease_revoke(kv.lease()).await {
-                Ok(_) => {}
-                Err(etcd_client::Error::GRpcStatus(s))
-                    if s.message().contains("lease not found") => {}
-                Err(e) => {
-                    self.revoke_later(granted);
-                    return Err(e.into());
-                }
-            }
-            self.forget(Acquisition::new(name, holder, fence_of(&kv)));
-        };
-        // Held by the same holder: an idempotent re-acquire. The key moves
-        // to the new etcd lease, so that it lives for the ttl asked for now
-        // (the old lease may have been granted a shorter one); `put` keeps
-        // the key's `create_revision`, the fencing token. If the key changed
-        // in between (expired, released), nothing is acquired this time.
-        let fence = positive(kv.create_revision())?;
-        let key = self.key(name);
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(key.clone(), CompareOp::Equal, kv.create_revision()),
-                Compare::value(key.clone(), CompareOp::Equal, holder),
-            ])
-            .and_then([TxnOp::put(
-                key,
-                holder,
-                Some(PutOptions::new().with_lease(granted)),
-            )]);
-        let (moved, stream) = tokio::join!(client.txn(txn), self.open_stream(granted, route));
-        let stream = stream.ok();
-        let moved = match moved {
-            Ok(response) => response.succeeded(),
-            Err(e) => {
-                self.revoke_later(granted);
-                return Err(e.into());
-            }
-        };
-        if !moved {
-            self.revoke_later(granted);
-            return Ok(None);
-        }
-        if kv.lease() != 0 {
-            // Nothing is attached to the old etcd lease any more.
-            self.revoke_later(kv.lease());
-        }
-        self.remember(Acquisition::new(name, holder, Some(fence)), granted, stream);
-        Ok(Some(Grant::new(Some(fence))))
-    }
-}
-
-/// The member a renewal on `route` goes to, `None` through the balanced client.
-fn member_of(route: Option<Route>) -> Option<usize> {
-    match route {
-        Some(Route::Leader { index, .. }) => Some(index),
-        _ => None,
-    }
-}
-
-/// Ask every member (`clients`, one each) who leads, all at once: the first
-/// that answers naming itself, in the term of its answer. [`Route::Unlisted`]
-/// if every member answered and none leads, but one named a leader; an
-/// error if none named one (an election), or every request failed.
-async fn find_leader(clients: &[Client]) -> Result<Route, Error> {
-    let mut asked: futures_util::stream::FuturesUnordered<_> = clients
-        .iter()
-        .enumerate()
-        .map(|(index, client)| {
-            let mut client = client.clone();
-            async move { (index, client.status().await) }
-        })
-        .collect();
-    let mut failure = None;
-    let mut members = Vec::new();
-    let mut named = Vec::new();
-    while let Some((index, answer)) = asked.next().await {
-        let status = match answer {
-            Ok(status) => status,
-            Err(e) => {
-                failure = Some(e);
+                held = Some(kv);
                 continue;
             }
-        };
-        let Some(origin) = Origin::of(status.header()) else {
-            continue;
-        };
-        if status.leader() != 0 && status.leader() == origin.member_id {
-            return Ok(Route::Leader { index, origin });
-        }
-        members.push(origin.member_id);
-        if status.leader() != 0 {
-            named.push(status.leader());
+            finished_release = true;
+            self.finish_release(name, holder, &kv).await?;
         }
     }
-    if let Some(e) = failure {
-        return Err(e.into());
+
+    /// The key `kv` is this holder's earlier acquisition, whose release
+    /// was sent and not confirmed (the engine kept the name for a ttl
+    /// since; etcd frees a key only at its lease's expiry sweep, later).
+    /// That release may still be delivered: finish it (revoke its etcd
+    /// lease, which deletes the key), so that [`claim`](Etcd::claim)
+    /// acquires afresh, with a new fencing token, rather than re-acquires
+    /// it with the old one, which the late release would then end.
+    async fn finish_release(&self, name: &str, holder: &str, kv: &KeyValue) -> Result<()> {
+        tracing::debug!(id = kv.lease(), "etcd: finishing an unconfirmed release");
+        match self.client.clone().lease_revoke(kv.lease()).await {
+            Ok(_) => {}
+            Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("lease not found") => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.forget(Acquisition::new(name, holder, fence_of(kv)));
+        Ok(())
     }
-    // Every member answered. A leader that is one of them but did not say
-    // so answered before it was elected: ask again, later.
-    if !named.is_empty() && named.iter().all(|leader| !members.contains(leader)) {
-        return Ok(Route::Unlisted);
+
+    /// The transaction of [`claim`](Etcd::claim): if `when` holds and no
+    /// slot at or above `slot` is recorded, it puts the holder on the etcd
+    /// lease `granted` with the request's value, and records the slot
+    /// unless `retry_failed` waits for the run to succeed. It reads the
+    /// ledger (then) or the key and the ledger (else).
+    fn claim_txn(
+        &self,
+        request: Request<'_>,
+        slot: Option<u64>,
+        granted: i64,
+        mut when: Vec<Compare>,
+    ) -> Txn {
+        let (name, key) = (request.name, self.key(request.name));
+        let on_lease = PutOptions::new().with_lease(granted);
+        let mut then = vec![
+            self.read_ledger(name),
+            TxnOp::put(key.clone(), request.holder, Some(on_lease)),
+            self.value_op(name, request.value, granted),
+        ];
+        if let (Some(slot), Some(once_per)) = (slot, request.once_per) {
+            let at_or_above =
+                Compare::create_revision(self.slot_key(name, slot), CompareOp::Equal, 0);
+            when.push(at_or_above.with_range(self.beside(name, SLOTS_END)));
+            if !once_per.retry_failed {
+                then.extend(self.record(name, slot));
+            }
+        }
+        Txn::new()
+            .when(when)
+            .and_then(then)
+            .or_else([TxnOp::get(key, None), self.read_ledger(name)])
     }
-    Err(Error::Etcd(etcd_client::Error::InvalidArgs(
-        "no etcd member given to the backend said it leads (an election?)".to_owned(),
-    )))
+
+    /// The op that sets the value published with `name` on the etcd lease
+    /// `id` (`None`: deletes it).
+    fn value_op(&self, name: &str, value: Option<&str>, id: i64) -> TxnOp {
+        match value {
+            Some(value) => TxnOp::put(
+                self.beside(name, VALUE),
+                value,
+                Some(PutOptions::new().with_lease(id)),
+            ),
+            None => TxnOp::delete(self.beside(name, VALUE), None),
+        }
+    }
+
+    /// The keys of one name among `kvs`.
+    fn keys_of(&self, kvs: impl IntoIterator<Item = KeyValue>) -> NameKeys {
+        let mut keys = NameKeys::default();
+        for kv in kvs {
+            if let Some((_, kind)) = self.parse(kv.key()) {
+                keys.add(kind, kv);
+            }
+        }
+        keys
+    }
+
+    /// The ops that delete the key of `name` (reading it) and its value.
+    fn deletion(&self, name: &str) -> Vec<TxnOp> {
+        let read = DeleteOptions::new().with_prev_key();
+        vec![
+            TxnOp::delete(self.key(name), Some(read)),
+            TxnOp::delete(self.beside(name, VALUE), None),
+        ]
+    }
+
+    /// After a transaction with a [`deletion`](Etcd::deletion): revoke the
+    /// deleted key's etcd lease, which has nothing left to keep (a failed
+    /// revoke only leaves it to expire). Whether a key was deleted.
+    async fn revoke_deleted(&self, response: TxnResponse) -> bool {
+        let deleted = response.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Delete(mut d) => d.take_prev_kvs().into_iter().next(),
+            _ => None,
+        });
+        if let Some(id) = deleted.as_ref().map(KeyValue::lease).filter(|&id| id != 0) {
+            tracing::debug!(id, "etcd: deleted a key; revoking its etcd lease");
+            let _ = self.client.clone().lease_revoke(id).await;
+        }
+        deleted.is_some()
+    }
+
+    /// Release `lease` and, with `slot`, record it in the ledger whoever
+    /// holds the key (one transaction).
+    async fn release_with(&self, lease: Acquisition<'_>, slot: Option<u64>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        let fence = lease.fencing_token.and_then(|f| i64::try_from(f).ok());
+        if fence.is_none() && slot.is_none() {
+            return Ok(());
+        }
+        // Whatever the outcome, this acquisition is not renewed again. It is
+        // forgotten once the release is confirmed; until then a new
+        // acquisition by the holder finishes it.
+        let id = self.releasing(lease);
+        self.bounded("release", async {
+            let key = self.key(lease.name);
+            // Without a fencing token, nothing matches: a value compared
+            // with a missing key fails.
+            let mut compare = vec![
+                Compare::create_revision(key.clone(), CompareOp::Equal, fence.unwrap_or(0)),
+                Compare::value(key.clone(), CompareOp::Equal, lease.holder),
+            ];
+            if let Some(id) = id {
+                // Not the same acquisition's key moved to another etcd
+                // lease by a re-acquire made meanwhile.
+                compare.push(Compare::lease(key.clone(), CompareOp::Equal, id));
+            }
+            let recorded = slot.map_or(Vec::new(), |slot| self.record(lease.name, slot));
+            let mut then = self.deletion(lease.name);
+            then.extend(recorded.clone());
+            let txn = Txn::new().when(compare).and_then(then).or_else(recorded);
+            let response = self.client.clone().txn(txn).await?;
+            self.forget(lease);
+            self.revoke_deleted(response).await;
+            Ok(())
+        })
+        .await
+    }
 }
 
 /// The fencing token of the key `kv`: its `create_revision`.
@@ -981,20 +753,7 @@ fn fence_of(kv: &KeyValue) -> Option<u64> {
     u64::try_from(kv.create_revision()).ok().filter(|&f| f > 0)
 }
 
-/// What a renewal saw: the answer to its keep-alive and to its read of the key.
-#[derive(Debug, Clone, Copy)]
-struct Renewal {
-    /// The TTL the keep-alive answered (0 or less: the etcd lease is gone).
-    ttl: i64,
-    /// The member and raft term in the keep-alive answer's header.
-    keep_alive: Option<Origin>,
-    /// The member and raft term in the linearizable read's header.
-    read: Option<Origin>,
-    /// The key, if the read found it.
-    key: Option<KeySeen>,
-}
-
-/// The key as the renewal's read found it.
+/// The key as a renewal's read found it.
 #[derive(Debug, Clone, Copy)]
 struct KeySeen {
     create_revision: i64,
@@ -1005,55 +764,18 @@ struct KeySeen {
 }
 
 /// Whether a renewal of the acquisition with fencing token `fence` and etcd
-/// lease `id` succeeded: `Ok(true)` renewed, `Ok(false)` lost, an error when
-/// the answers cannot be trusted (the engine retries until its local
-/// deadline, which this renewal does not extend). `leader` is the member
-/// the renewal was sent to and the term in which it said it leads, if the
-/// backend knows its members.
-///
-/// - The keep-alive reports the etcd lease gone (TTL 0): lost.
-/// - The linearizable read does not find the key with this acquisition's
-///   `create_revision`, holder and etcd lease (expired, released, deleted by
-///   hand, moved to another etcd lease): lost — that read is the cluster's
-///   state after the renewal was sent.
-/// - With a `leader`: either answer comes from another member, or from
-///   another term: an error. The member no longer leads, or never did: it
-///   may have applied the keep-alive as a deposed leader, or forwarded it
-///   to one (etcd before 3.4.28 / 3.5.11 lets a deposed leader that has not
-///   heard of the new term renew, see the type's docs).
-/// - Without one: the two answers come from different raft terms: an error.
-fn verdict(seen: Renewal, fence: u64, id: i64, leader: Option<Origin>) -> Result<bool, Error> {
-    if seen.ttl <= 0 {
-        return Ok(false);
-    }
-    let ours = seen.key.is_some_and(|k| {
-        u64::try_from(k.create_revision).ok() == Some(fence) && k.lease == id && k.holder_matches
-    });
-    if !ours {
-        return Ok(false);
-    }
-    let (Some(kept), Some(read)) = (seen.keep_alive, seen.read) else {
-        return Err(Error::Protocol(
-            "etcd answered a renewal without a response header".to_owned(),
-        ));
-    };
-    let untrusted = |why: String| {
-        Err(Error::Etcd(etcd_client::Error::LeaseKeepAliveError(
-            format!("{why}: a leader change may have lost the renewal"),
-        )))
-    };
-    match leader {
-        Some(leader) if kept != leader || read != leader => untrusted(format!(
-            "the renewal was sent to member {:x}, which led in raft term {}, and was answered \
-             by member {:x} in term {} (keep-alive) and member {:x} in term {} (read)",
-            leader.member_id, leader.term, kept.member_id, kept.term, read.member_id, read.term
-        )),
-        None if kept.term != read.term => untrusted(format!(
-            "the keep-alive was answered in raft term {} and the read of the key in term {}",
-            kept.term, read.term
-        )),
-        _ => Ok(true),
-    }
+/// lease `id` succeeded, given whether its keep-alive found the etcd lease
+/// alive and the key its linearizable read found: lost if etcd reports the
+/// etcd lease gone (expired, revoked), or if the key is not this
+/// acquisition's (expired, released, deleted by hand, moved to another etcd
+/// lease) — that read is the cluster's state after the keep-alive was sent.
+fn verdict(alive: bool, key: Option<KeySeen>, fence: u64, id: i64) -> bool {
+    alive
+        && key.is_some_and(|k| {
+            u64::try_from(k.create_revision).ok() == Some(fence)
+                && k.lease == id
+                && k.holder_matches
+        })
 }
 
 fn positive(revision: i64) -> Result<u64, Error> {
@@ -1063,11 +785,108 @@ fn positive(revision: i64) -> Result<u64, Error> {
         .ok_or_else(|| Error::Protocol(format!("etcd answered the revision {revision}")))
 }
 
+/// The byte after a lease name in the keys beside its lease key: UTF-8
+/// never uses it, so no lease name's key is one of them.
+const BESIDE: u8 = 0xff;
+/// After the name: the value published with the lease.
+const VALUE: &[u8] = b"\xffvalue";
+/// After the name: the ledger, one key per slot recorded (20 digits, so
+/// that keys sort as slots do; usually one, the last).
+const SLOT: &[u8] = b"\xffslot/";
+/// After the name: the end of the ledger's range (`SLOT`, its `/` raised).
+const SLOTS_END: &[u8] = b"\xffslot0";
+
+/// Which of a lease name's keys an etcd key is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum EtcdKey {
+    /// The lease key, `{prefix}{name}`.
+    Lease,
+    /// The value published with the lease.
+    Value,
+    /// A slot recorded in the ledger.
+    Slot(u64),
+}
+
+impl EtcdKey {
+    /// The name and the kind of a key without its prefix; `None` for a key
+    /// that is none of a lease name's.
+    pub(super) fn split(rest: &[u8]) -> Option<(&[u8], EtcdKey)> {
+        let Some(at) = rest.iter().position(|&b| b == BESIDE) else {
+            return Some((rest, EtcdKey::Lease));
+        };
+        let (name, beside) = rest.split_at(at);
+        let kind = if beside == VALUE {
+            EtcdKey::Value
+        } else {
+            let digits = beside.strip_prefix(SLOT)?;
+            EtcdKey::Slot(std::str::from_utf8(digits).ok()?.parse().ok()?)
+        };
+        Some((name, kind))
+    }
+}
+
+/// The keys of one lease name, as read.
+#[derive(Default)]
+struct NameKeys {
+    lease: Option<KeyValue>,
+    value: Option<String>,
+    slot: Option<u64>,
+}
+
+impl NameKeys {
+    /// Whether there is anything to report: a lease key or a ledger (a
+    /// value alone is a leftover of a key deleted by hand).
+    fn any(&self) -> bool {
+        self.lease.is_some() || self.slot.is_some()
+    }
+
+    fn add(&mut self, kind: EtcdKey, kv: KeyValue) {
+        match kind {
+            EtcdKey::Lease => self.lease = Some(kv),
+            EtcdKey::Value => self.value = Some(String::from_utf8_lossy(kv.value()).into_owned()),
+            EtcdKey::Slot(slot) => self.slot = self.slot.max(Some(slot)),
+        }
+    }
+}
+
+/// The keys each get of a transaction's answer found, in order.
+fn gets(response: TxnResponse) -> Vec<Vec<KeyValue>> {
+    let gets = response.op_responses().into_iter();
+    gets.filter_map(|r| match r {
+        TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+        _ => None,
+    })
+    .collect()
+}
+
+/// The millisecond of the Unix epoch now, by this process's clock.
+fn clock_ms() -> u64 {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Backend for Etcd {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
-        validate::call(name, holder, ttl)?;
-        self.bounded("acquire", self.try_acquire(name, holder, ttl))
-            .await
+        match self.acquire_with(Request::new(name, holder, ttl)).await? {
+            Acquired::Granted(grant) => Ok(Some(grant)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Acquire as [`acquire`](Backend::acquire) does, claiming the slot of
+    /// this process's clock and publishing the value in the same
+    /// transaction (see [Values, schedule slots and forced
+    /// releases](Etcd#values-schedule-slots-and-forced-releases)).
+    /// [`Acquired::HeldElsewhere`] does not say when the lease expires
+    /// (that is another request).
+    async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
+        validate::call(request.name, request.holder, request.ttl)?;
+        if let Some(value) = request.value {
+            validate::value(value)?;
+        }
+        self.bounded("acquire", self.try_acquire(request)).await
     }
 
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
@@ -1104,57 +923,59 @@ impl Backend for Etcd {
     }
 
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.release_with(lease, None).await
+    }
+
+    async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
+        self.release_with(lease, Some(slot)).await
+    }
+
+    /// Sets or deletes the value key on the acquisition's etcd lease, iff
+    /// the key is still the acquisition's (one transaction; a read of the
+    /// key first if this value did not make the acquisition).
+    async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
-        let Some(fence) = lease.fencing_token.and_then(|f| i64::try_from(f).ok()) else {
-            return Ok(());
-        };
-        // Whatever the outcome, this acquisition is not renewed again: its
-        // keep-alive stream closes now. It is forgotten once the release is
-        // confirmed; until then a new acquisition by the holder finishes it.
-        let id = self.releasing(lease);
-        self.bounded("release", async {
+        if let Some(value) = value {
+            validate::value(value)?;
+        }
+        self.bounded("publish", async {
+            let fence = lease.fencing_token.and_then(|f| i64::try_from(f).ok());
+            let (Some(fence), Some(id)) = (fence, self.lease_of(lease).await?) else {
+                return Ok(false);
+            };
             let key = self.key(lease.name);
-            let mut compare = vec![
-                Compare::create_revision(key.clone(), CompareOp::Equal, fence),
-                Compare::value(key.clone(), CompareOp::Equal, lease.holder),
-            ];
-            if let Some(id) = id {
-                // Not the same acquisition's key moved to another etcd
-                // lease by a re-acquire made meanwhile.
-                compare.push(Compare::lease(key.clone(), CompareOp::Equal, id));
-            }
-            let txn = Txn::new().when(compare).and_then([TxnOp::delete(
-                key,
-                Some(DeleteOptions::new().with_prev_key()),
-            )]);
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, fence),
+                    Compare::value(key.clone(), CompareOp::Equal, lease.holder),
+                    Compare::lease(key, CompareOp::Equal, id),
+                ])
+                .and_then([self.value_op(lease.name, value, id)]);
             let mut client = self.client.clone();
-            let response = client.txn(txn).await?;
-            self.forget(lease);
-            let deleted = response.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Delete(mut d) => d.take_prev_kvs().into_iter().next(),
-                _ => None,
-            });
-            if let Some(kv) = deleted.filter(|kv| kv.lease() != 0) {
-                // The key is gone; its etcd lease has nothing left to keep.
-                // A failed revoke only leaves it to expire.
-                tracing::debug!(id = kv.lease(), "etcd: released; revoking its etcd lease");
-                let _ = client.lease_revoke(kv.lease()).await;
-            }
-            Ok(())
+            Ok(client.txn(txn).await?.succeeded())
         })
         .await
     }
 
-    /// The key of `name` and its etcd lease's remaining TTL (two round
-    /// trips); `Ok(None)` when there is no key (never acquired, released,
-    /// or expired: etcd deletes the key with its lease).
+    /// The keys of `name` (one transaction) and its etcd lease's
+    /// remaining TTL (another request); `Ok(None)` when there is neither a
+    /// key nor a ledger (never acquired, or released or expired without
+    /// `once_per`: etcd deletes the key with its lease). A released or
+    /// expired name with a ledger has no holder and no fencing token.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
         self.bounded("inspect", async {
-            match self.read(name).await? {
-                Some(kv) => self.info(&kv).await.map(Some),
-                None => Ok(None),
+            let txn = Txn::new().and_then([
+                TxnOp::get(self.key(name), None),
+                TxnOp::get(self.beside(name, VALUE), None),
+                self.read_ledger(name),
+            ]);
+            let mut client = self.client.clone();
+            let keys = self.keys_of(gets(client.txn(txn).await?).into_iter().flatten());
+            if !keys.any() {
+                return Ok(None);
             }
+            self.info(name.to_owned(), keys).await.map(Some)
         })
         .await
     }
@@ -1170,63 +991,107 @@ impl Backend for Etcd {
     async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
         self.bounded("list", async {
             let mut client = self.client.clone();
+            let everything = GetOptions::new().with_prefix();
             let kvs = client
-                .get(
-                    self.prefix.as_bytes(),
-                    Some(GetOptions::new().with_prefix()),
-                )
+                .get(self.prefix.as_bytes(), Some(everything))
                 .await?
                 .take_kvs();
-            let infos = futures_util::future::join_all(kvs.iter().map(|kv| self.info(kv))).await;
-            let mut infos: Vec<LeaseInfo> = infos.into_iter().collect::<Result<_, _>>()?;
-            infos.sort_by(|a, b| a.name.cmp(&b.name));
-            Ok(infos)
+            let mut names = std::collections::BTreeMap::<String, NameKeys>::new();
+            for kv in kvs {
+                if let Some((name, kind)) = self.parse(kv.key()) {
+                    names.entry(name).or_default().add(kind, kv);
+                }
+            }
+            names.retain(|_, keys| keys.any());
+            let infos = names.into_iter().map(|(name, keys)| self.info(name, keys));
+            futures_util::future::join_all(infos)
+                .await
+                .into_iter()
+                .collect()
         })
         .await
     }
 
-    /// End the lease on `name` now, whoever holds it: revoke the etcd lease
-    /// its key is attached to (etcd deletes the key with it). `Ok(true)` if
-    /// a lease was ended, `Ok(false)` if `name` was not held. The evicted
-    /// holder's next renewal finds its etcd lease gone (within `ttl/3`) and
-    /// its token is cancelled; the next acquisition's fencing token is
-    /// larger (revisions only grow).
+    /// Evict the holder of `name` with a lock delay: empty the key's value
+    /// (and delete the published value) iff it names a holder, keeping its
+    /// etcd lease (one transaction). The holder's renewals fail from then
+    /// on (the watch tells it about one round trip later), and the key
+    /// stays until its etcd lease expires, up to the ttl of the last
+    /// acquisition or renewal: nobody acquires it before. A key without an
+    /// etcd lease, which this backend never writes, is not held (as
+    /// [`inspect`](Backend::inspect) says): only
+    /// [`force_release_now`](Backend::force_release_now) deletes it.
     ///
     /// # Errors
     ///
     /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
+        let key = self.key(name);
+        // A value compared with a missing key fails.
+        let txn = Txn::new()
+            .when([
+                Compare::value(key.clone(), CompareOp::NotEqual, ""),
+                Compare::lease(key.clone(), CompareOp::NotEqual, 0),
+            ])
+            .and_then([
+                TxnOp::put(key, "", Some(PutOptions::new().with_ignore_lease())),
+                TxnOp::delete(self.beside(name, VALUE), None),
+            ]);
+        let mut client = self.client.clone();
         self.bounded("force_release", async {
-            let Some(kv) = self.read(name).await? else {
-                return Ok(false);
-            };
-            let mut client = self.client.clone();
-            if kv.lease() == 0 {
-                // Not written by this backend (no etcd lease): delete the
-                // key iff it is still the one read.
-                let txn = Txn::new()
-                    .when([Compare::create_revision(
-                        kv.key().to_vec(),
-                        CompareOp::Equal,
-                        kv.create_revision(),
-                    )])
-                    .and_then([TxnOp::delete(kv.key().to_vec(), None)]);
-                return Ok(client.txn(txn).await?.succeeded());
-            }
-            match client.lease_revoke(kv.lease()).await {
-                Ok(_) => Ok(true),
-                // Expired between the read and the revoke: not held.
-                // ("etcdserver: requested lease not found", gRPC NotFound.)
-                Err(etcd_client::Error::GRpcStatus(s))
-                    if s.message().contains("lease not found") =>
-                {
-                    Ok(false)
-                }
-                Err(e) => Err(e.into()),
-            }
+            Ok(client.txn(txn).await?.succeeded())
         })
         .await
+    }
+
+    /// End the lease on `name` now, whoever holds it: delete its key and
+    /// published value (one transaction), then revoke its etcd lease.
+    /// `Ok(true)` if there was a key (also one kept by
+    /// [`force_release`](Backend::force_release)), `Ok(false)` if not. The
+    /// evicted holder learns by the watch (at its next renewal, within
+    /// `ttl/3`, if the watch is down) and its token is cancelled; the next
+    /// acquisition's fencing token is larger (revisions only grow).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Etcd`], or [`Error::Timeout`] after the backend's timeout.
+    async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        self.bounded("force_release", async {
+            let txn = Txn::new().and_then(self.deletion(name));
+            let response = self.client.clone().txn(txn).await?;
+            Ok(self.revoke_deleted(response).await)
+        })
+        .await
+    }
+
+    /// The watch: a delete or eviction of the key, or a change of its
+    /// published value, about one round trip after it commits; else
+    /// `poll`. See [Waiting and watching](Etcd#waiting-and-watching).
+    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
+        self.watch().released(name.to_owned(), poll)
+    }
+
+    /// The watch: a change of the key other than this acquisition's put,
+    /// about one round trip after it commits; `None` for an acquisition
+    /// this value did not make. See [Waiting and watching](Etcd#waiting-and-watching).
+    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let fence = lease.fencing_token?;
+        let id = self
+            .leases()
+            .get(&entry(lease.name, lease.holder, fence))
+            .filter(|held| !held.releasing)
+            .map(|held| held.id)?;
+        let watch = self.watch();
+        let holder = HolderWatch::new(
+            &watch.source().holders,
+            lease.name,
+            i64::try_from(fence).ok()?,
+            id,
+        );
+        watch.listen();
+        Some(holder.ended())
     }
 }
 
@@ -1234,116 +1099,38 @@ impl Backend for Etcd {
 mod tests {
     use super::*;
 
-    const LEADER: u64 = 0xa1;
-    const FOLLOWER: u64 = 0xf2;
-
-    fn origin(member_id: u64, term: u64) -> Option<Origin> {
-        Some(Origin { member_id, term })
-    }
-
-    fn seen(keep_alive_term: u64, read_term: u64) -> Renewal {
-        Renewal {
-            ttl: 5,
-            keep_alive: origin(LEADER, keep_alive_term),
-            read: origin(LEADER, read_term),
-            key: Some(KeySeen {
-                create_revision: 40,
-                lease: 7,
-                holder_matches: true,
-            }),
-        }
-    }
-
-    #[test]
-    fn without_members_a_renewal_is_trusted_only_within_one_raft_term() {
-        assert!(verdict(seen(3, 3), 40, 7, None).unwrap());
-        // A keep-alive answered in an older term than the read (a deposed
-        // leader's answer): an error, retried, neither renewed nor lost.
-        assert!(matches!(
-            verdict(seen(3, 4), 40, 7, None),
-            Err(Error::Etcd(_))
-        ));
-        assert!(matches!(
-            verdict(seen(4, 3), 40, 7, None),
-            Err(Error::Etcd(_))
-        ));
-        let headless = Renewal {
-            read: None,
-            ..seen(3, 3)
-        };
-        assert!(matches!(
-            verdict(headless, 40, 7, None),
-            Err(Error::Protocol(_))
-        ));
-    }
-
-    #[test]
-    fn a_renewal_is_trusted_only_from_the_member_that_leads_in_its_term() {
-        let leader = origin(LEADER, 3);
-        assert!(verdict(seen(3, 3), 40, 7, leader).unwrap());
-        // A keep-alive forwarded by a follower (the header is the
-        // follower's, in the newer term it heard of meanwhile): the check by
-        // terms alone trusts it, the check by member does not.
-        let forwarded = Renewal {
-            keep_alive: origin(FOLLOWER, 4),
-            read: origin(FOLLOWER, 4),
-            ..seen(3, 3)
-        };
-        assert!(verdict(forwarded, 40, 7, None).unwrap());
-        assert!(matches!(
-            verdict(forwarded, 40, 7, leader),
-            Err(Error::Etcd(_))
-        ));
-        // The member that led, answering in a later term (it was deposed and
-        // heard of it before filling the header): not trusted.
-        assert!(matches!(
-            verdict(seen(4, 4), 40, 7, leader),
-            Err(Error::Etcd(_))
-        ));
-        assert!(matches!(
-            verdict(seen(3, 4), 40, 7, leader),
-            Err(Error::Etcd(_))
-        ));
-        let read_elsewhere = Renewal {
-            read: origin(FOLLOWER, 3),
-            ..seen(3, 3)
-        };
-        assert!(matches!(
-            verdict(read_elsewhere, 40, 7, leader),
-            Err(Error::Etcd(_))
-        ));
-    }
+    const OURS: KeySeen = KeySeen {
+        create_revision: 40,
+        lease: 7,
+        holder_matches: true,
+    };
 
     #[test]
     fn a_renewal_that_does_not_find_its_key_is_lost() {
-        // Even across a term change: the linearizable read is the truth.
-        let gone = Renewal {
-            key: None,
-            ..seen(3, 4)
+        assert!(verdict(true, Some(OURS), 40, 7));
+        assert!(!verdict(true, None, 40, 7), "no key");
+        assert!(!verdict(true, Some(OURS), 41, 7), "another acquisition");
+        assert!(!verdict(true, Some(OURS), 40, 8), "another etcd lease");
+        let other_holder = KeySeen {
+            holder_matches: false,
+            ..OURS
         };
-        assert!(!verdict(gone, 40, 7, None).unwrap());
-        assert!(!verdict(gone, 40, 7, origin(LEADER, 3)).unwrap());
-        assert!(
-            !verdict(seen(3, 3), 41, 7, None).unwrap(),
-            "another acquisition"
-        );
-        assert!(
-            !verdict(seen(3, 3), 40, 8, None).unwrap(),
-            "another etcd lease"
-        );
-        let other_holder = Renewal {
-            key: Some(KeySeen {
-                holder_matches: false,
-                ..seen(3, 3).key.unwrap()
-            }),
-            ..seen(3, 3)
-        };
-        assert!(!verdict(other_holder, 40, 7, None).unwrap());
-        let expired = Renewal {
-            ttl: 0,
-            ..seen(3, 3)
-        };
-        assert!(!verdict(expired, 40, 7, None).unwrap());
+        assert!(!verdict(true, Some(other_holder), 40, 7));
+        assert!(!verdict(false, Some(OURS), 40, 7), "the etcd lease is gone");
+    }
+
+    #[test]
+    fn the_keys_beside_a_lease_are_no_lease_names() {
+        let split = |key: &'static [u8]| EtcdKey::split(key);
+        assert_eq!(split(b"a/job"), Some((&b"a/job"[..], EtcdKey::Lease)));
+        assert_eq!(split(b"job\xffvalue"), Some((&b"job"[..], EtcdKey::Value)));
+        let slot = split(b"job\xffslot/00000000000000000042");
+        assert_eq!(slot, Some((&b"job"[..], EtcdKey::Slot(42))));
+        assert_eq!(split(b"job\xffother"), None, "not this backend's");
+        assert_eq!(split(b"job\xffslot/x"), None);
+        // Ledger keys sort as their slots do.
+        let key = |slot: u64| format!("{slot:020}");
+        assert!(key(9) < key(10) && key(10) < key(u64::MAX));
     }
 
     #[test]

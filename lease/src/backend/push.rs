@@ -1,6 +1,8 @@
 //! Waking waiters when the server pushes a release ([`Backend::released`]):
 //! the part that PostgreSQL's `LISTEN/NOTIFY` (`push/pg.rs`, for `PgTable`
-//! and `PgAdvisory`) and Redis' pub/sub (in `redis.rs`) share.
+//! and `PgAdvisory`), Redis' pub/sub (in `redis.rs`) and etcd's watch
+//! (`etcd/watch.rs`, whose holders listen on the same subscription:
+//! [`Source::busy`], [`Push::listen`]) share.
 //!
 //! A backend value owns one [`Push`] (its clones share it). The first
 //! waiter starts one task, on the waiter's runtime, that keeps one
@@ -68,6 +70,13 @@ pub(crate) trait Source: Send + Sync + 'static {
     /// The source can never subscribe again (its pool was closed): the task
     /// ends, and no waiter starts it again.
     fn closed(&self) -> bool {
+        false
+    }
+
+    /// The source has listeners of its own besides the waiters (`Etcd`'s
+    /// holders, which watch their keys through the same subscription): the
+    /// task does not stop for want of waiters while it has.
+    fn busy(&self) -> bool {
         false
     }
 }
@@ -141,6 +150,19 @@ impl<S: Source> Push<S> {
         }
     }
 
+    /// The source, for what it keeps besides the waiters.
+    #[cfg(any(test, feature = "etcd"))]
+    pub(crate) fn source(&self) -> &S {
+        &self.hub.source
+    }
+
+    /// Start the listening task if none runs, for the source's own
+    /// listeners ([`Source::busy`]).
+    #[cfg(any(test, feature = "etcd"))]
+    pub(crate) fn listen(&self) {
+        Hub::ensure_task(&self.hub);
+    }
+
     /// Resolves when a release of `key` is pushed, when the subscription
     /// was (re-)established (releases may have gone unseen), or after
     /// `poll`. Registers now, and starts the listening task if none runs.
@@ -171,6 +193,18 @@ impl<S: Source> Hub<S> {
         let notify = state.waiters.entry(key.clone()).or_default().clone();
         // Receives `notify_waiters` from now on, polled or not.
         let notified = Box::pin(notify.notified_owned());
+        drop(state);
+        Self::ensure_task(this);
+        Interest {
+            hub: this.clone(),
+            key,
+            notified: Some(notified),
+        }
+    }
+
+    /// Note an interest now, and start the listening task if none runs.
+    fn ensure_task(this: &Arc<Self>) {
+        let mut state = this.state();
         state.last_interest = Instant::now();
         let start = (state.task.is_none() && !this.stop.is_cancelled() && !this.source.closed())
             .then(|| {
@@ -182,11 +216,6 @@ impl<S: Source> Hub<S> {
         drop(state);
         if let Some(id) = start {
             Self::start(this, id);
-        }
-        Interest {
-            hub: this.clone(),
-            key,
-            notified: Some(notified),
         }
     }
 
@@ -224,7 +253,10 @@ impl<S: Source> Hub<S> {
     /// the lock, so that a waiter registering now starts a new one).
     fn idle(&self, id: u64) -> bool {
         let mut state = self.state();
-        if state.waiters.is_empty() && state.last_interest.elapsed() >= LINGER {
+        if state.waiters.is_empty()
+            && !self.source.busy()
+            && state.last_interest.elapsed() >= LINGER
+        {
             if state.task == Some(id) {
                 state.task = None;
             }
@@ -356,7 +388,7 @@ async fn listen<S: Source>(running: Running<S>) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use tokio::sync::mpsc;
 
@@ -366,6 +398,7 @@ mod tests {
     struct Fake {
         subscribes: Arc<AtomicUsize>,
         feed: Arc<Mutex<Option<mpsc::UnboundedReceiver<Event>>>>,
+        busy: Arc<AtomicBool>,
     }
 
     impl Source for Fake {
@@ -385,6 +418,10 @@ mod tests {
                 .await
                 .unwrap_or_else(|| Event::Lost("closed".to_owned()))
         }
+
+        fn busy(&self) -> bool {
+            self.busy.load(Ordering::SeqCst)
+        }
     }
 
     fn fake() -> (Push<Fake>, mpsc::UnboundedSender<Event>, Arc<AtomicUsize>) {
@@ -393,6 +430,7 @@ mod tests {
         let push = Push::new(Fake {
             subscribes: subscribes.clone(),
             feed: Arc::new(Mutex::new(Some(rx))),
+            busy: Arc::default(),
         });
         (push, tx, subscribes)
     }
@@ -475,5 +513,18 @@ mod tests {
             hub.upgrade().is_none(),
             "the task ended and let go of the hub"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_source_keeps_its_task_without_waiters() {
+        let (push, _tx, subscribes) = fake();
+        push.source().busy.store(true, Ordering::SeqCst);
+        push.listen();
+        tokio::time::sleep(LINGER * 3).await;
+        assert!(push.hub.state().task.is_some(), "kept while busy");
+        assert_eq!(subscribes.load(Ordering::SeqCst), 1);
+        push.source().busy.store(false, Ordering::SeqCst);
+        tokio::time::sleep(LINGER * 2 + Duration::from_secs(1)).await;
+        assert!(push.hub.state().task.is_none(), "stopped once idle");
     }
 }

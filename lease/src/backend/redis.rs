@@ -1,380 +1,131 @@
 //! [`Redis`]: `SET NX PX` locks with token-checked Lua renew and release.
+//!
+//! `scripts.rs` holds the Lua, `protocol.rs` the two lock layouts (fenced,
+//! Go locker's), `connection.rs` the backend's one connection; this file
+//! the public type, the `Backend` calls, and the pub/sub source of releases.
 
-use std::collections::HashMap;
+mod connection;
+mod protocol;
+mod scripts;
+mod set_fenced;
+
 use std::future::Future;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ::redis::aio::{MultiplexedConnection, PubSubSink, PubSubStream};
-use ::redis::{RedisError, Script, ScriptInvocation};
+use ::redis::RedisError;
+use ::redis::aio::{PubSubSink, PubSubStream};
 use deadpool_redis::Pool;
 use futures_util::StreamExt;
-use futures_util::future::join_all;
+use futures_util::future::Either;
 
+use self::connection::{RedisLink, RedisOrigin};
+use self::protocol::{GoTokens, LockProtocol, RedisInspectAnswer};
+use self::scripts::{SCRIPTS, hash_slot};
 use crate::backend::push::{Event, Push, Source};
+use crate::backend::{Acquired, MAX_BATCH, Request};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
-/// Acquire. KEYS: lock, fence. ARGV: holder, ttl in ms.
-/// Returns the fencing token (an integer), or 0 when another holder has the
-/// lock.
-///
-/// The lock's value is `{fence}:{holder}`: the fence lives with the lock, so
-/// an idempotent re-acquire returns the lease's real fence even if the fence
-/// key was lost (evicted, deleted), and puts the counter back up to it.
-const ACQUIRE: &str = r"
-local value = redis.call('GET', KEYS[1])
-if value then
-  local sep = string.find(value, ':', 1, true)
-  local fence = sep and tonumber(string.sub(value, 1, sep - 1))
-  if fence and string.sub(value, sep + 1) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-    if counter and counter < fence then
-      redis.call('SET', KEYS[2], fence)
-    end
-    return fence
-  end
-  return 0
-end
-local fence = redis.pcall('INCR', KEYS[2])
-if type(fence) ~= 'number' or fence < 1 then
-  return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
-end
-redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
-return fence
-";
-
-/// Renew. KEYS: lock. ARGV: the acquisition's lock value, ttl in ms.
-/// Returns 1 if renewed, 0 if the lock no longer holds that acquisition.
-const RENEW: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-";
-
-/// Renew many. KEYS: locks. ARGV: per key, the acquisition's lock value and
-/// the ttl in ms. Returns one integer per key, in order: 1 if renewed, 0 if
-/// not.
-const RENEW_MANY: &str = r"
-local renewed = {}
-for i, key in ipairs(KEYS) do
-  if redis.call('GET', key) == ARGV[2 * i - 1] then
-    renewed[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
-  else
-    renewed[i] = 0
-  end
-end
-return renewed
-";
-
-/// The most keys one [`RENEW_MANY`] call takes: Redis runs a script
-/// without serving anyone else, so a huge batch is split.
-const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
-
-/// Release. KEYS: lock. ARGV: the acquisition's lock value, the channel of
-/// releases, the lease name. Returns 1 if deleted, 0 if the lock no longer
-/// holds that acquisition.
-///
-/// A lock deleted is announced with `PUBLISH channel name`, in the same
-/// script: waiters subscribed to the channel (in this or any process) try
-/// to acquire at once. Plain `PUBLISH` (not Redis 7's sharded `SPUBLISH`):
-/// it reaches every subscriber of the channel, on a single server and on
-/// every node of a Redis Cluster alike.
-const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local deleted = redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
-  return deleted
-end
-return 0
-";
-
-/// Inspect. KEYS: lock, and in the default layout the fence key. Returns
-/// the lock's value (nil if none), its `PTTL` (-2: no lock, -1: no expiry)
-/// and the fence counter (nil if none, or no fence key given).
-const INSPECT: &str = r"
-local value = redis.call('GET', KEYS[1])
-local ttl = redis.call('PTTL', KEYS[1])
-local fence = false
-if KEYS[2] then
-  fence = redis.call('GET', KEYS[2])
-end
-return {value, ttl, fence}
-";
-
-/// One step of `SCAN` (never `KEYS`, which blocks the server for the whole
-/// keyspace). ARGV: the cursor, the `MATCH` pattern, the `COUNT`. Returns
-/// the next cursor and the keys of this step, as `SCAN` does.
-const SCAN: &str = r"
-return redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', ARGV[3])
-";
-
-/// Force a release. KEYS: lock. ARGV: the channel of releases, the lease
-/// name. Deletes the lock whoever holds it (the fence key stays) and
-/// announces it as [`RELEASE`] does. Returns 1 if a lock was deleted.
-const FORCE_RELEASE: &str = r"
-if redis.call('DEL', KEYS[1]) == 1 then
-  redis.call('PUBLISH', ARGV[1], ARGV[2])
-  return 1
-end
-return 0
-";
-
-/// Acquire in the Go locker's protocol ([`Redis::with_go_locker_protocol`]).
-/// KEYS: lock. ARGV: the token of our live acquisition of this name (`''`
-/// if none), a new random token, ttl in ms. Returns 1 if the lock now holds
-/// the new token, 0 when another holder has it.
-///
-/// A free lock is taken with `SET lock token NX PX ttl`, exactly as the Go
-/// locker takes it. A lock that holds our current token (an idempotent
-/// re-acquire), or already the new one (this very call, retried after its
-/// answer was lost), gets the new token and a fresh ttl: every acquisition
-/// has a token of its own, so that a late release of an older acquisition
-/// (which deletes the lock iff it holds that acquisition's token) can never
-/// end a newer one.
-const GO_ACQUIRE: &str = r"
-local value = redis.call('GET', KEYS[1])
-if not value then
-  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[3]) then
-    return 1
-  end
-  return 0
-end
-if value == ARGV[2] or (ARGV[1] ~= '' and value == ARGV[1]) then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-  return 1
-end
-return 0
-";
-
-struct Scripts {
-    acquire: Script,
-    go_acquire: Script,
-    renew: Script,
-    renew_many: Script,
-    release: Script,
-    inspect: Script,
-    scan: Script,
-    force_release: Script,
-}
-
-/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
-/// (the part between the first `{` and the next `}`, if not empty) or of
-/// the whole key, modulo 16384.
-fn hash_slot(key: &str) -> u16 {
-    let bytes = key.as_bytes();
-    let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &bytes[open + 1..];
-        let close = rest.iter().position(|&b| b == b'}')?;
-        (close > 0).then(|| &rest[..close])
-    });
-    let mut crc: u16 = 0;
-    for &byte in tagged.unwrap_or(bytes) {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc % 16384
-}
-
-/// Built once: `Script::new` hashes the source for `EVALSHA`.
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    acquire: Script::new(ACQUIRE),
-    go_acquire: Script::new(GO_ACQUIRE),
-    renew: Script::new(RENEW),
-    renew_many: Script::new(RENEW_MANY),
-    release: Script::new(RELEASE),
-    inspect: Script::new(INSPECT),
-    scan: Script::new(SCAN),
-    force_release: Script::new(FORCE_RELEASE),
-});
-
-/// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released
-/// by Lua scripts that first check the key still holds this acquisition,
-/// with fencing tokens.
+/// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released by
+/// Lua scripts that first check the key still holds this acquisition, with
+/// fencing tokens. Expiry follows the server's clock.
 ///
 /// # Keys
 ///
-/// A lease name `name` uses two keys, both in the same cluster hash slot:
+/// The lease `name` is the lock key `{prefix}{{esc(name)}}`, which holds
+/// `{fencing token}:{holder}` for the lease's ttl, and the fence key
+/// `{lock key}:fence`, a counter that every acquisition (not an idempotent
+/// re-acquire) increases and that never expires: one small key per name
+/// ever acquired (two with a schedule ledger, see [Schedule slots, values,
+/// forced releases](Redis#schedule-slots-values-forced-releases)). `esc` percent-encodes `%`, `{` and `}`, so both keys share
+/// a Redis Cluster hash slot and no two names share a key (`a{b}`:
+/// `lease:{a%7Bb%7D}`). Renew and release compare the whole value: a late
+/// request of an older acquisition never touches a newer one. A fence key
+/// lost while its lock lives is restored from the lock; lost while none
+/// lives, tokens start again at 1.
+/// [`with_go_locker_protocol`](Redis::with_go_locker_protocol) switches to
+/// the Go `lock` package's keys.
 ///
-/// - the lock key `{prefix}{{esc(name)}}`, whose value is
-///   `{fencing token}:{holder}` and whose TTL is the lease's ttl (set by
-///   Redis, so expiry follows the server's clock). Renew and release compare
-///   the whole value: they concern one acquisition, so a late request of an
-///   older acquisition (even by the same holder) never touches a newer one;
-/// - the fence key `{prefix}{{esc(name)}}:fence`, a counter `INCR`ed on every
-///   acquisition (not on an idempotent re-acquire). It never expires, so the
-///   fencing token keeps growing across releases: expect one small key per
-///   name ever acquired.
+/// # Calls and connection
 ///
-/// The fencing token of a live lease is kept in its lock's value, so it
-/// never goes back while the lock lives: if the fence key is lost (deleted,
-/// evicted) an idempotent re-acquire still returns the lease's own token and
-/// sets the counter back up to it. If the fence key is lost while *no* lock
-/// of its name lives, the next acquisition starts again at 1: tokens can
-/// then go backwards (see below for what loses keys).
-///
-/// `esc` percent-encodes exactly `%`, `{` and `}` (as `%25`, `%7B`, `%7D`),
-/// so the part between the braces is the Redis Cluster hash tag, every name
-/// maps to its own keys, and a lock key (ending in `}`) never equals a fence
-/// key (ending in `:fence`). Names are data: quotes, spaces, `%`, braces and
-/// any Unicode work. The prefix defaults to `lease:`
-/// ([`with_prefix`](Redis::with_prefix)). For example the name `a{b}` has the
-/// lock key `lease:{a%7Bb%7D}`.
-///
-/// That is the default layout. To run beside the Go `lock` package's
-/// `Redis` locker, [`with_go_locker_protocol`](Redis::with_go_locker_protocol)
-/// switches to its protocol: one key `{prefix}{name}` per name, whose value
-/// is a random token per acquisition, and no fencing token.
-///
-/// # Calls
-///
-/// Each acquire, renew and release is one `EVALSHA` (via [`redis::Script`],
-/// which loads the script on `NOSCRIPT`): one round trip. The renewals of
-/// many leases of one holder ([`Backend::renew_many`]) are one `EVALSHA` of
-/// a script over all their keys (up to 1,000 keys per call; larger batches
-/// are split into several calls, sent together), which tells each lease
-/// whether it was renewed. On a Redis Cluster (`Redis::cluster`) a
-/// script's keys must share a hash slot, so the batch is split by slot: one
-/// script per slot, sent together (each to the master of its slot). A
-/// client that does not know it talks to a cluster (a pool on a cluster
-/// proxy) sends one script over many slots; when that is refused with
-/// `CROSSSLOT`, the renewals are sent one script per key instead, pipelined.
-///
-/// # Connection
-///
-/// The backend sends every call on one connection of its own (on a Redis
-/// Cluster, one cluster connection, which keeps a connection per node and
-/// routes each request to the master of its slot); with a pool, a
-/// [`MultiplexedConnection`] that pipelines concurrent requests (checking a
-/// connection out of the pool for each call would cost a round trip of its
-/// own: deadpool-redis checks a connection with `PING` each time it hands it
-/// out). It takes that connection from the pool and removes it from the pool
-/// for good ([`deadpool_redis::Connection::take`]): the pool's connection
-/// settings and hooks apply to it, but no other user of the pool ever sends
-/// a command on it — a `BLPOP`, a slow command or a `MULTI` of the
-/// application cannot hold up a renewal — and it no longer counts against
-/// the pool's size. Clones of the backend share it.
-///
-/// Each call is bounded by the backend's [timeout](Redis::with_timeout)
-/// (default 5 s), getting a connection included, after which it fails with
-/// [`Error::Timeout`]. Each request on the connection is also bounded by the
-/// connection's own response timeout (redis' default is 500 ms, unless the
-/// pool's connection settings choose another), after which it fails with a
-/// [`Error::Redis`] timeout; and the engine gives every call a time limit
-/// of its own (a renewal at most `ttl/3`), at which it drops the call.
-///
-/// A connection that leaves a request without its answer is never used
-/// again. When a request times out (by any of these limits), is dropped
-/// before its answer arrived, or fails on the connection (an I/O error; the
-/// server closed it, after a restart or a `CLIENT KILL`; a `READONLY` error
-/// from a primary demoted to a replica), the connection is retired and the
-/// next call takes a new one from the pool (calls that need one at the same
-/// time wait for the same new connection rather than each taking one). The
-/// call that failed that way is retried once at once, on the new
-/// connection, within the same timeout: all the scripts are idempotent.
-/// An error reply of the server (it answered) keeps the connection.
-///
-/// So a connection that stops answering without being closed — a half-open
-/// socket after a network partition, a failover behind a virtual IP, a lost
-/// NAT entry, which TCP itself reports only after about 15 minutes — is
-/// retired when the first call sent into the silence reaches its time
-/// limit: the shortest of the backend's timeout (5 s by default), the
-/// response timeout (500 ms by default) and the engine's limit for that
-/// call (`ttl/3` for a renewal, `min(ttl - margin, 30 s)` for an
-/// acquisition). Every call that starts after that goes to a new
-/// connection, which costs the time to get one from the pool (a new TCP
-/// connection, or the pool's `PING` of an idle one; if the pool is
-/// exhausted, it waits for a free slot, within the call's time limit).
-/// With redis' default response timeout, the call that ran into the silent
-/// connection is itself retried on a new one after 500 ms. Calls already in
-/// flight on the retired connection fail at their own time limits.
-/// Renewals that fail are retried by the engine until the lease's local
-/// deadline, so a connection that dies or goes silent while a lease is held
-/// does not lose the lease if a new connection works before then.
-///
-/// A call therefore costs one round trip (plus `SCRIPT LOAD` the first time
-/// on a server), and a renewal must answer within `ttl/3`: choose a ttl well
-/// above three times the worst round trip to Redis (`docs/RELIABILITY.md`
-/// measures it under added latency).
-///
-/// When Redis is unreachable, [`Lease::try_acquire`](crate::Lease::try_acquire)
-/// returns `Err` within this timeout or the engine's acquire limit
-/// (`min(ttl - margin, 30 s)`), whichever is shorter — at once for a refused
-/// connection — and never hangs; [`Lease::with_lease`](crate::Lease::with_lease)
-/// returns `Skipped(Skip::Error(_))` (the next tick tries again).
+/// Each call is one script, one round trip; [`Backend::renew_many`] is one
+/// script per 1,000 keys (per hash slot on a cluster; per key where a
+/// cluster this client does not know of refuses several slots with
+/// `CROSSSLOT`). They go on one connection of the backend's own, shared by
+/// its clones: from a pool, one taken out of it for good (the pool's
+/// settings and hooks apply; no other user of the pool can hold it up). A
+/// request left without an answer (an I/O error, `READONLY`, a timeout)
+/// retires the connection, and the call is sent once more on a new one,
+/// within the backend's [timeout](Redis::with_timeout) (5 s, then
+/// [`Error::Timeout`]). Each request is also bounded by the connection's
+/// response timeout (redis': 500 ms) and a renewal by the engine's `ttl/3`:
+/// choose a ttl well above three times the server's worst answer time (a
+/// server with `appendfsync always` waits for its disk).
 ///
 /// # Waiting
 ///
-/// The release script announces every lock it deletes: `PUBLISH
-/// {prefix}released name` ([`release_channel`](Redis::release_channel)),
-/// in the same script (still one round trip), in both layouts. It is plain
-/// `PUBLISH`, not Redis 7's sharded `SPUBLISH`: one channel for every name
-/// reaches a subscriber on a single server and, through the cluster bus, on
-/// any node of a Redis Cluster (sharded channels would need a subscription
-/// on the shard of each name's slot). Releases are rare, so the broadcast
-/// costs little.
+/// Releases are published on [`release_channel`](Redis::release_channel).
+/// With [`with_pubsub`](Redis::with_pubsub), waiters wake about one round
+/// trip after a release. They also poll (every `ttl/10`, at most 1 s): how
+/// they learn of an expired lock (a crashed holder), of a Go replica's
+/// release, and of everything without pub/sub.
 ///
-/// Waiters ([`Lease::acquire`](crate::Lease::acquire) with a wait, an
-/// [`Election`](crate::Election)) learn of a release by that message only
-/// with [`with_pubsub`](Redis::with_pubsub): a `deadpool_redis` pool cannot
-/// subscribe (it hands out multiplexed connections, and keeps its
-/// connection settings to itself), so the subscription is a connection of
-/// its own, opened from the `redis::Client` given there. The first waiter
-/// of a backend value opens it; every waiter of that value and its clones
-/// shares it; the waiters of the released name are woken about one round
-/// trip after the release, and try to acquire (a message is never trusted).
-/// It is checked with `PING` every 30 s (within the backend's timeout), is
-/// opened again after a failure (a `CLIENT KILL`, a restart, a silent
-/// connection; then every waiter tries once more, as releases in between
-/// went unseen), and is closed 10 s after the last waiter is gone (the next
-/// one opens it again) or with the last clone of the backend.
+/// # Schedule slots, values, forced releases
 ///
-/// Waiters also poll (every `ttl/10`, at most 1 s, ±20%), and that is all
-/// they do without [`with_pubsub`](Redis::with_pubsub). They learn by the
-/// poll alone of a lock that **expired** (a crashed holder: Redis publishes
-/// nothing when a key expires; taken about one poll after the expiry), of a
-/// release by a Go replica (its script does not publish), and of anything
-/// released while the subscription was down or where pub/sub does not work
-/// (a proxy that refuses `SUBSCRIBE`).
+/// Beside the lock and fence keys, in their hash slot (so all of it works
+/// on a Redis Cluster), a name may have two more keys; each call below is
+/// still one script, one round trip (`EVALSHA`):
 ///
-/// # What can lose a lease (read this before relying on it)
+/// - the ledger `{lock key}:slot`, the last schedule slot claimed
+///   ([`Job::once_per`](crate::Job::once_per)), without expiry: it
+///   outlives release and expiry and never goes back.
+///   [`acquire_with`](Backend::acquire_with) reads Redis `TIME` in the
+///   acquire script, takes the slot `floor(ms / period)`, refuses a slot at
+///   or below the ledger's ([`Acquired::AlreadyRan`], whoever holds the
+///   lock) and records it with the grant; with `retry_failed`, the release
+///   script of [`release_ran`](Backend::release_ran) records it instead
+///   (never lowering it, even after the lease was lost). A plain `acquire`
+///   neither reads `TIME` nor the ledger.
+/// - the value `{lock key}:value`, what the holder published
+///   ([`Election::proclaim`](crate::Election::proclaim)), as
+///   `{fence}:{value}`: set or deleted by every grant, set by
+///   [`publish`](Backend::publish) (which also `PUBLISH`es the name, so
+///   that waiters and [`Lease::observe`](crate::Lease::observe) look again),
+///   deleted by a release or forced release. [`inspect`](Backend::inspect)
+///   reports it only while the lock holds the acquisition of that fence:
+///   the value of a lock that expired is not reported, and is replaced or
+///   deleted at the name's next acquisition.
 ///
-/// A Redis lock is only as durable as the keys behind it:
+/// [`force_release`](Backend::force_release) keeps a lock delay: the lock
+/// keeps its expiry and loses its holder (`{fence}:`), so the evicted
+/// holder's renewals fail and nobody acquires the name before that expiry;
+/// [`force_release_now`](Backend::force_release_now) deletes the lock.
+/// [`acquire_with`](Backend::acquire_with) answers a lock held by another
+/// (or force-released) with its `PTTL`
+/// ([`Acquired::HeldElsewhere`]), so that a waiter tries again at the
+/// expiry itself. In the [Go locker's
+/// protocol](Redis::with_go_locker_protocol) there is no ledger and no
+/// value ([`Error::Unsupported`]); its force-released lock is the empty
+/// string. [`set_fenced`](Redis::set_fenced) guards the application's own
+/// keys with the fencing tokens.
 ///
-/// - **Restart without persistence** (no AOF, or RDB snapshots only) loses
-///   the lock keys *and the fence counters*. A holder finds out at its next
-///   renewal (within `ttl/3`) and its token is cancelled, but in the
-///   meantime another replica may acquire the same name: two holders overlap
-///   for up to `ttl/3`. The new holder's fencing token starts again at 1, so
-///   fencing tokens can go *backwards*: a resource that rejects tokens below
-///   the largest it has seen would reject the new holder until the counter
-///   catches up. Use `appendonly yes` with `appendfsync always` if that
-///   matters (`everysec` can still lose the last second).
-/// - **Failover to a replica**: replication is asynchronous, so a lock (and
-///   a fence increment) acknowledged by the old primary may never have
-///   reached the promoted replica. The same overlap of up to `ttl/3` and
-///   the same repeated or backwards fencing tokens follow. This backend does
-///   not implement Redlock.
-/// - **Eviction**: under memory pressure, the `allkeys-lru`, `allkeys-lfu`
-///   and `allkeys-random` policies can evict lock keys and fence keys, and
-///   `volatile-lru`, `volatile-lfu`, `volatile-random` and `volatile-ttl`
-///   can evict lock keys (they have a TTL; fence keys do not). An evicted
-///   lock key is a lost lease, as above. Run the instance that holds leases
-///   with `maxmemory-policy noeviction`: writes then fail with an error
-///   (`try_acquire` returns `Err`) instead of silently dropping locks.
+/// # What can lose a lease
+///
+/// A lock is only as durable as its keys. A **restart without
+/// persistence** (no AOF, or `appendfsync` other than `always`), a
+/// **failover** to a replica (replication is asynchronous; this is not
+/// Redlock) and **eviction** (`allkeys-*` policies; `volatile-*` ones evict
+/// lock keys) lose locks and may lose fence counters: another replica may
+/// acquire before the holder learns of it at its next renewal (within
+/// `ttl/3`), and fencing tokens may repeat or go back. Run the instance
+/// with `maxmemory-policy noeviction` (writes then fail instead) and, if
+/// that matters, `appendonly yes` with `appendfsync always`.
 ///
 /// # Examples
 ///
 /// ```no_run
 /// use std::time::Duration;
-/// use lease::{backend::Redis, deadpool_redis, Lease};
+/// use leasehold::{backend::Redis, deadpool_redis, Lease};
 ///
 /// # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = deadpool_redis::Config::from_url("redis://127.0.0.1:6379")
@@ -389,172 +140,34 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// ```
 #[derive(Clone)]
 pub struct Redis {
-    /// Where the backend's connection comes from.
-    source: Origin,
+    link: Arc<RedisLink>,
+    protocol: LockProtocol,
     prefix: Arc<str>,
     timeout: Duration,
-    /// The connection every call uses, taken out of `pool` on first use and
-    /// again after it was retired. Shared by clones.
-    conn: Arc<Shared>,
-    /// `Some` in the Go locker's protocol: the token of each live
-    /// acquisition, by (name, holder). Shared by clones.
-    tokens: Option<Arc<Mutex<Tokens>>>,
-    /// Where the subscription to releases connects
-    /// ([`with_pubsub`](Redis::with_pubsub)); without it, waiters poll.
+    /// Where the subscription to releases connects; without it, waiters poll.
     pubsub: Option<Arc<::redis::Client>>,
-    /// The waiters' subscription, started by the first waiter and stopped
-    /// with the last clone. Shared by clones.
-    push: Arc<OnceLock<Push<RedisSource>>>,
-}
-
-/// The answer of [`INSPECT`]: the lock's value, its `PTTL`, the fence counter.
-type InspectAnswer = (Option<String>, i64, Option<String>);
-
-/// Where a [`Redis`] gets its connection.
-#[derive(Clone)]
-enum Origin {
-    /// A deadpool-redis pool ([`Redis::new`]).
-    Pool(Pool),
-    /// A client the user has ([`Redis::with_client`]).
-    Client(Arc<::redis::Client>),
-    /// A Redis Cluster ([`Redis::cluster`]).
-    #[cfg(feature = "redis-cluster")]
-    Cluster(Arc<::redis::cluster::ClusterClient>),
-}
-
-/// The backend's connection: to one server, or to a Redis Cluster (which
-/// routes each request to the node of its keys' hash slot).
-#[derive(Clone)]
-enum Conn {
-    Single(MultiplexedConnection),
-    #[cfg(feature = "redis-cluster")]
-    Cluster(::redis::cluster_async::ClusterConnection),
-}
-
-impl ::redis::aio::ConnectionLike for Conn {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a ::redis::Cmd,
-    ) -> ::redis::RedisFuture<'a, ::redis::Value> {
-        match self {
-            Conn::Single(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a ::redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
-        match self {
-            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Single(c) => c.get_db(),
-            #[cfg(feature = "redis-cluster")]
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
-
-/// The token of each live acquisition, by (name, holder).
-type Tokens = HashMap<(String, String), String>;
-
-/// The connection state that clones of a [`Redis`] share.
-#[derive(Default)]
-struct Shared {
-    /// The connection in use: none before the first call and after the
-    /// last one was retired.
-    current: Mutex<Option<Arc<Conn>>>,
-    /// Held while a new connection is taken from the pool, so that the
-    /// calls that find none wait for the same one instead of each taking one.
-    opening: tokio::sync::Mutex<()>,
-}
-
-/// One request in flight on a connection, from just before it is sent
-/// until its answer: if it ends any other way — it is dropped (the
-/// backend's or the engine's time limit ran out, or the caller gave up) or
-/// fails without an answer — the connection is retired ([`Redis::retire`]).
-struct InFlight<'a> {
-    redis: &'a Redis,
-    conn: Arc<Conn>,
-    answered: bool,
-}
-
-impl InFlight<'_> {
-    /// The request ended with `result`: anything but an answer from the
-    /// server retires the connection (and asks for a retry).
-    fn finish<T>(mut self, result: &Result<T, RedisError>) -> Ended {
-        match result {
-            Ok(_) => {
-                self.answered = true;
-                Ended::Answered
-            }
-            Err(e) if connection_failed(e) => {
-                tracing::debug!(error = %e, "redis connection failed; retiring it");
-                Ended::ConnectionFailed
-            }
-            Err(_) => {
-                self.answered = true;
-                Ended::Answered
-            }
-        }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if !self.answered {
-            self.redis.retire(&self.conn);
-        }
-    }
-}
-
-/// How a request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Ended {
-    /// The server answered (a value or an error reply).
-    Answered,
-    /// No answer, or a connection that cannot be trusted: it was retired.
-    ConnectionFailed,
-}
-
-/// `e` says nothing came back on the connection (a timeout, an I/O error,
-/// a closed connection), or that it is unusable (a protocol error, failed
-/// authentication), or that it leads to a primary demoted to a replica
-/// (`READONLY`, after a failover behind the same address).
-fn connection_failed(e: &RedisError) -> bool {
-    e.is_timeout()
-        || e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_unrecoverable_error()
-        || e.code() == Some("READONLY")
+    /// The waiters' subscription, started by the first waiter, stopped with
+    /// the last clone.
+    push: Arc<OnceLock<Push<RedisReleases>>>,
 }
 
 impl std::fmt::Debug for Redis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let origin = match self.link.origin() {
+            RedisOrigin::Pool(pool) => format!("pool {:?}", pool.status()),
+            RedisOrigin::Client(_) => "client".to_owned(),
+            #[cfg(feature = "redis-cluster")]
+            RedisOrigin::Cluster(_) => "cluster".to_owned(),
+        };
         f.debug_struct("Redis")
             .field("prefix", &self.prefix)
-            .field("go_locker_protocol", &self.tokens.is_some())
+            .field(
+                "go_locker_protocol",
+                &matches!(self.protocol, LockProtocol::GoLocker(_)),
+            )
             .field("pubsub", &self.pubsub.is_some())
             .field("timeout", &self.timeout)
-            .field(
-                "source",
-                &match &self.source {
-                    Origin::Pool(pool) => format!("pool {:?}", pool.status()),
-                    Origin::Client(_) => "client".to_owned(),
-                    #[cfg(feature = "redis-cluster")]
-                    Origin::Cluster(_) => "cluster".to_owned(),
-                },
-            )
+            .field("source", &origin)
             .finish()
     }
 }
@@ -568,20 +181,54 @@ impl Redis {
     pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// A backend on `pool`, with the key prefix `lease:` and a 5 s timeout per call.
+    ///
+    /// Waiters poll for a release (every ttl/10, at most 1 s) unless the
+    /// backend also has a client to subscribe with: a deadpool pool cannot
+    /// subscribe, so add [`with_pubsub`](Redis::with_pubsub), or build the
+    /// backend with [`connect`](Redis::connect), which does both.
     pub fn new(pool: Pool) -> Self {
-        Self::from_source(Origin::Pool(pool))
+        Self::from_link(RedisLink::new(RedisOrigin::Pool(pool), None))
+    }
+
+    /// A backend on the Redis server at `url` (`redis://`, `rediss://` with
+    /// the TLS features of `redis`/`deadpool-redis`, `redis+unix://`): a
+    /// deadpool-redis pool of its own, and [`with_pubsub`](Redis::with_pubsub)
+    /// a client of the same URL. It connects once now, to fail early on a
+    /// wrong address. Key prefix `lease:`, 5 s timeout.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// use leasehold::{Lease, backend::Redis};
+    ///
+    /// # async fn f() -> Result<(), leasehold::Error> {
+    /// let lease = Lease::new(Redis::connect("redis://127.0.0.1:6379").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, Error> {
+        let client = ::redis::Client::open(url)?;
+        let pool = deadpool_redis::Config::from_url(url)
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(Error::backend)?;
+        let first = tokio::time::timeout(Self::DEFAULT_TIMEOUT, pool.get())
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "connect",
+                after: Self::DEFAULT_TIMEOUT,
+            })??;
+        drop(first); // back to the pool, open
+        Ok(Self::new(pool).with_pubsub(client))
     }
 
     /// A backend on a [`redis::Client`](::redis::Client) the application
-    /// already has (no pool): it opens its own multiplexed connection from
-    /// it, and another one when that one was retired (see
-    /// [Connection](Redis#connection)). Key prefix `lease:`, 5 s timeout.
+    /// already has: it opens its connection from it (see [Calls and
+    /// connection](Redis#calls-and-connection)). Key prefix `lease:`, 5 s timeout.
     ///
     /// # Examples
     ///
     /// ```
-    /// use lease::backend::Redis;
-    /// use lease::deadpool_redis::redis;
+    /// use leasehold::backend::Redis;
+    /// use leasehold::deadpool_redis::redis;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
@@ -590,23 +237,16 @@ impl Redis {
     /// # Ok(()) }
     /// ```
     pub fn with_client(client: ::redis::Client) -> Self {
-        Self::from_source(Origin::Client(Arc::new(client)))
+        Self::from_link(RedisLink::new(RedisOrigin::Client(Box::new(client)), None))
     }
 
     /// A backend on a Redis Cluster, reached through `nodes` (URLs such as
-    /// `["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]`; any of the
-    /// cluster's nodes will do, the client learns the others). It connects
-    /// once now, to fail early on a wrong address, and keeps that
-    /// connection, which routes each request to the master of its keys'
-    /// hash slot and follows `MOVED`/`ASK` redirections.
-    ///
-    /// Both keys of a lease share one hash slot ([Keys](Redis#keys)), so
-    /// every script runs on one node; [`renew_many`](Backend::renew_many)
-    /// sends one script per hash slot. Needs the feature `redis-cluster`.
-    ///
-    /// What a failover does to a held lease: see [What can lose a
-    /// lease](Redis#what-can-lose-a-lease-read-this-before-relying-on-it)
-    /// (replication to the promoted replica is asynchronous).
+    /// `["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]`; any node will
+    /// do, the client learns the others). It connects once now, to fail
+    /// early on a wrong address, and keeps that connection, which sends each
+    /// script to the master of its keys' hash slot and follows `MOVED`/`ASK`.
+    /// Needs the feature `redis-cluster`. For failovers see [What can lose a
+    /// lease](Redis#what-can-lose-a-lease).
     ///
     /// # Errors
     ///
@@ -617,27 +257,27 @@ impl Redis {
         let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
         let client = ::redis::cluster::ClusterClient::new(nodes)?;
         let conn = client.get_async_connection().await?;
-        let redis = Self::from_source(Origin::Cluster(Arc::new(client)));
-        *redis.cached() = Some(Arc::new(Conn::Cluster(conn)));
-        Ok(redis)
+        Ok(Self::from_link(RedisLink::new(
+            RedisOrigin::Cluster(Box::new(client)),
+            Some(connection::RedisConn::Cluster(conn)),
+        )))
     }
 
     /// True when the backend runs on a Redis Cluster (`Redis::cluster`, feature `redis-cluster`).
     pub fn is_cluster(&self) -> bool {
-        match self.source {
+        match self.link.origin() {
             #[cfg(feature = "redis-cluster")]
-            Origin::Cluster(_) => true,
+            RedisOrigin::Cluster(_) => true,
             _ => false,
         }
     }
 
-    fn from_source(source: Origin) -> Self {
+    fn from_link(link: RedisLink) -> Self {
         Self {
-            source,
+            link: Arc::new(link),
+            protocol: LockProtocol::Fenced,
             prefix: Self::DEFAULT_PREFIX.into(),
             timeout: Self::DEFAULT_TIMEOUT,
-            conn: Arc::default(),
-            tokens: None,
             pubsub: None,
             push: Arc::default(),
         }
@@ -645,21 +285,22 @@ impl Redis {
 
     /// Learn of releases as Redis pushes them, instead of polling: waiters
     /// ([`Lease::acquire`](crate::Lease::acquire), elections) subscribe to
-    /// the channel of releases ([`release_channel`](Redis::release_channel))
-    /// on a connection of their own, opened from `client`, which must
-    /// reach the same Redis server (or cluster) as the pool.
+    /// [`release_channel`](Redis::release_channel) on a connection opened
+    /// from `client`, which must reach the same server (or cluster) as the
+    /// calls. A pool cannot subscribe (its connections are multiplexed),
+    /// hence the client: build it from the pool's URL.
     ///
-    /// A `deadpool_redis` pool hands out only multiplexed connections, on
-    /// which RESP2 cannot subscribe, and does not tell how it connects: so
-    /// the subscription needs its own [`redis::Client`](::redis::Client)
-    /// (build it from the pool's URL). Without one, waiters poll (every
-    /// `ttl/10`, at most 1 s, with jitter); see [Waiting](Redis#waiting).
+    /// The first waiter opens the subscription, and every waiter of the
+    /// backend value and its clones shares it. It is checked with `PING`
+    /// every 30 s, opened again after a failure (every waiter then tries
+    /// once more: releases in between went unseen), and closed 10 s after
+    /// the last waiter is gone. See [Waiting](Redis#waiting).
     ///
     /// # Examples
     ///
     /// ```
-    /// use lease::backend::Redis;
-    /// use lease::deadpool_redis::{self, redis};
+    /// use leasehold::backend::Redis;
+    /// use leasehold::deadpool_redis::{self, redis};
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let url = "redis://127.0.0.1:6379";
@@ -686,56 +327,51 @@ impl Redis {
     }
 
     /// Speak the protocol of the Go `lock` package's `Redis` locker, so that
-    /// Go replicas and Rust replicas of one job exclude each other on one
-    /// Redis while a service migrates: use the Go services' key prefix
-    /// ([`with_prefix`](Redis::with_prefix)) too.
+    /// Go and Rust replicas of one job exclude each other while a service
+    /// migrates (with the Go services' [prefix](Redis::with_prefix)):
     ///
-    /// - The lock of `name` is the key `{prefix}{name}`, exactly
-    ///   ([`lock_key`](Redis::lock_key)): no braces, no escaping, no fence key.
-    /// - Its value is a random token (128 bits, hex), new for every
-    ///   acquisition; a free lock is taken with `SET key token NX PX ttl`.
-    /// - Renew is `PEXPIRE` iff the key still holds the token, release `DEL`
-    ///   iff it does (the Go locker's release), each one Lua script; the
-    ///   release also publishes the name for waiters ([Waiting](Redis#waiting)),
-    ///   which the Go locker's does not (Rust waiters poll for those).
-    /// - [`inspect`](Backend::inspect) cannot say who holds a lock (its value
-    ///   is a random token) unless it is this backend value's own.
-    /// - **No fencing token**: grants carry `None`
-    ///   ([`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)).
+    /// - the lock of `name` is the key `{prefix}{name}`, exactly: no braces,
+    ///   no escaping, no fence key, and **no fencing token** (grants carry
+    ///   `None`);
+    /// - its value is a random token (128 bits, hex) per acquisition, taken
+    ///   with `SET key token NX PX ttl`; renew is `PEXPIRE` and release `DEL`,
+    ///   each iff the key still holds the token. The release also publishes
+    ///   the name (the Go locker's does not: Rust waiters poll for those).
     ///
-    /// Renewals and releases get no token from the engine (the grant had
-    /// none): the backend keeps the token of each live acquisition in
-    /// memory, by (name, holder), shared by its clones, and forgets it when
-    /// the lease is released or found lost. A backend value that did not
-    /// acquire a lease (another process, a new value) cannot renew or
-    /// release it: it is lost, or ends at its ttl. An idempotent re-acquire
-    /// of a live lease by the same holder (through this backend) replaces
-    /// its token with a new one, so that a late release of the older
-    /// acquisition deletes nothing.
+    /// The tokens are kept in memory, by (name, holder), shared by clones:
+    /// a backend value that did not acquire a lease cannot renew or release
+    /// it, and [`inspect`](Backend::inspect) names the holder of its own
+    /// acquisitions only. A re-acquire by the same holder takes a new token,
+    /// so a late release of the older acquisition deletes nothing.
     ///
-    /// The default layout (with fencing tokens, [Keys](Redis#keys)) stays
-    /// the default; every Rust replica of a job must use the same one. Switch
-    /// back to it only once no Go replica takes the job's lock any more (and
-    /// then on every Rust replica at once: the two layouts use different
-    /// keys, so they do not exclude each other).
+    /// Without a key beside the lock in its hash slot, this protocol keeps
+    /// no schedule slots ([`Job::once_per`](crate::Job::once_per)) and no
+    /// published values ([`Election::proclaim`](crate::Election::proclaim)):
+    /// those calls answer [`Error::Unsupported`].
+    /// [`force_release`](Backend::force_release) empties the lock, keeping
+    /// its expiry (a Go locker's `SET NX` fails on it too).
+    ///
+    /// The two layouts use different keys and do not exclude each other:
+    /// switch back to the default only once no Go replica takes the lock,
+    /// and on every Rust replica at once.
     ///
     /// # Examples
     ///
     /// ```
-    /// # fn pool() -> lease::deadpool_redis::Pool {
-    /// #     lease::deadpool_redis::Config::from_url("redis://127.0.0.1:1")
-    /// #         .create_pool(Some(lease::deadpool_redis::Runtime::Tokio1)).unwrap()
+    /// # fn pool() -> leasehold::deadpool_redis::Pool {
+    /// #     leasehold::deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+    /// #         .create_pool(Some(leasehold::deadpool_redis::Runtime::Tokio1)).unwrap()
     /// # }
-    /// use lease::backend::Redis;
+    /// use leasehold::backend::Redis;
     ///
-    /// # fn main() -> Result<(), lease::Error> {
+    /// # fn main() -> Result<(), leasehold::Error> {
     /// let redis = Redis::new(pool()).with_prefix("lock:")?.with_go_locker_protocol();
     /// assert_eq!(redis.lock_key("nightly-report"), "lock:nightly-report");
     /// # Ok(()) }
     /// ```
     pub fn with_go_locker_protocol(self) -> Self {
         Self {
-            tokens: Some(Arc::default()),
+            protocol: LockProtocol::GoLocker(GoTokens::default()),
             ..self
         }
     }
@@ -764,11 +400,8 @@ impl Redis {
     /// Give every Redis call (getting a connection, the command, and its one
     /// retry on a new connection together) at most `timeout` (default 5 s);
     /// a call that takes longer fails with [`Error::Timeout`], and its
-    /// connection is retired (see [Connection](Redis#connection)). The
-    /// connection's own response timeout (redis' default: 500 ms) bounds
-    /// each request within it, and the engine applies its own, often
-    /// shorter, limits on top (a renewal gets at most `ttl/3`). A zero
-    /// timeout makes every call fail.
+    /// connection is retired (see [Calls and connection](Redis#calls-and-connection)).
+    /// A zero timeout makes every call fail.
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
@@ -790,11 +423,11 @@ impl Redis {
     /// # Examples
     ///
     /// ```
-    /// # fn pool() -> lease::deadpool_redis::Pool {
-    /// #     lease::deadpool_redis::Config::from_url("redis://127.0.0.1:1")
-    /// #         .create_pool(Some(lease::deadpool_redis::Runtime::Tokio1)).unwrap()
+    /// # fn pool() -> leasehold::deadpool_redis::Pool {
+    /// #     leasehold::deadpool_redis::Config::from_url("redis://127.0.0.1:1")
+    /// #         .create_pool(Some(leasehold::deadpool_redis::Runtime::Tokio1)).unwrap()
     /// # }
-    /// use lease::backend::Redis;
+    /// use leasehold::backend::Redis;
     ///
     /// let redis = Redis::new(pool());
     /// assert_eq!(redis.lock_key("report"), "lease:{report}");
@@ -802,22 +435,7 @@ impl Redis {
     /// assert_eq!(redis.lock_key("50% {off}"), "lease:{50%25 %7Boff%7D}");
     /// ```
     pub fn lock_key(&self, name: &str) -> String {
-        if self.tokens.is_some() {
-            return format!("{}{name}", self.prefix);
-        }
-        let mut key = String::with_capacity(self.prefix.len() + name.len() + 2);
-        key.push_str(&self.prefix);
-        key.push('{');
-        for c in name.chars() {
-            match c {
-                '%' => key.push_str("%25"),
-                '{' => key.push_str("%7B"),
-                '}' => key.push_str("%7D"),
-                c => key.push(c),
-            }
-        }
-        key.push('}');
-        key
+        self.protocol.lock_key(&self.prefix, name)
     }
 
     /// The Redis Cluster hash slot of the lease `name`'s keys (its lock
@@ -834,364 +452,110 @@ impl Redis {
         self.lock_key(name) + ":fence"
     }
 
-    /// The tokens of the live acquisitions, in the Go locker's protocol.
-    fn tokens(&self) -> Option<MutexGuard<'_, Tokens>> {
-        // Every update is a single insert or remove: a poisoned lock is consistent.
-        self.tokens
-            .as_ref()
-            .map(|t| t.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// Forget the token of `(name, holder)` if it is still `token` (a newer
-    /// acquisition's is kept).
-    fn forget(&self, name: &str, holder: &str, token: &str) {
-        if let Some(mut tokens) = self.tokens() {
-            let key = (name.to_owned(), holder.to_owned());
-            if tokens.get(&key).is_some_and(|t| t == token) {
-                tokens.remove(&key);
-            }
+    /// [`Error::Unsupported`] in the [Go locker's
+    /// protocol](Redis::with_go_locker_protocol), which has no key beside
+    /// the lock in its hash slot to keep a ledger or a value in.
+    fn fenced_only(&self, operation: &'static str) -> Result<(), Error> {
+        match self.protocol {
+            LockProtocol::Fenced => Ok(()),
+            LockProtocol::GoLocker(_) => Err(Error::Unsupported { operation }),
         }
     }
 
-    /// The value of the lock key while `lease` holds it: `{fence}:{holder}`
-    /// in the default layout, the acquisition's token in the Go locker's
-    /// protocol; `None` when there is none (it cannot be ours).
-    fn lock_value(&self, lease: Acquisition<'_>) -> Option<String> {
-        match self.tokens() {
-            Some(tokens) => tokens
-                .get(&(lease.name.to_owned(), lease.holder.to_owned()))
-                .cloned(),
-            None => Some(format!("{}:{}", lease.fencing_token?, lease.holder)),
+    /// Release `lease` and, with `slot`, record it as run: the release script.
+    async fn release_with(&self, lease: Acquisition<'_>, slot: Option<u64>) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        if slot.is_some() {
+            self.fenced_only("once_per")?;
         }
+        let value = self.protocol.lock_value(lease);
+        if value.is_none() && slot.is_none() {
+            return Ok(());
+        }
+        let lock_key = self.lock_key(lease.name);
+        let mut call = SCRIPTS.release.key(&lock_key);
+        if let LockProtocol::Fenced = self.protocol {
+            call.key(format!("{lock_key}:value"));
+        }
+        if slot.is_some() {
+            call.key(format!("{lock_key}:slot"));
+        }
+        // No lock value (no fencing token): matches no lock; the slot is recorded.
+        call.arg(value.as_deref().unwrap_or(""))
+            .arg(self.release_channel())
+            .arg(lease.name);
+        if let Some(slot) = slot {
+            call.arg(slot);
+        }
+        self.run_one::<i64>("release", call).await?;
+        // Deleted, or no longer ours: either way this acquisition is over.
+        // (After an error it is kept: a re-acquire replaces it anyway.)
+        if let Some(value) = value {
+            self.protocol.forget(lease, &value);
+        }
+        Ok(())
     }
 
-    /// Acquire in the Go locker's protocol: [`GO_ACQUIRE`] with our current
-    /// token, if any, and a new one.
-    async fn go_acquire(&self, name: &str, holder: &str, ttl_ms: u32) -> Result<Option<Grant>> {
-        let key = (name.to_owned(), holder.to_owned());
-        let current = self.tokens().and_then(|t| t.get(&key).cloned());
-        let token = new_token();
-        let mut call = SCRIPTS.go_acquire.key(self.lock_key(name));
-        call.arg(current.as_deref().unwrap_or(""))
-            .arg(&token)
-            .arg(ttl_ms);
-        let [acquired] = self.run::<i64>("acquire", &[call]).await?[..] else {
-            return Err(Error::Protocol(
-                "the acquire script answered no value".to_owned(),
-            ));
-        };
-        if acquired == 1 {
-            if let Some(mut tokens) = self.tokens() {
-                tokens.insert(key, token);
-            }
-            Ok(Some(Grant::new(None)))
-        } else {
-            if let Some(current) = current {
-                self.forget(name, holder, &current);
-            }
-            Ok(None)
-        }
-    }
-
-    /// The backend's connection; if there is none, one taken out of the
-    /// pool for good (by one caller at a time: the others wait for it).
-    async fn connection(&self) -> Result<Arc<Conn>, Error> {
-        if let Some(conn) = self.cached().clone() {
-            return Ok(conn);
-        }
-        let _opening = self.conn.opening.lock().await;
-        if let Some(conn) = self.cached().clone() {
-            // Another call took one while this one waited.
-            return Ok(conn);
-        }
-        let conn = Arc::new(match &self.source {
-            // Out of the pool: no other user of the pool sends anything on it.
-            Origin::Pool(pool) => Conn::Single(deadpool_redis::Connection::take(pool.get().await?)),
-            Origin::Client(client) => {
-                Conn::Single(client.get_multiplexed_async_connection().await?)
-            }
-            #[cfg(feature = "redis-cluster")]
-            Origin::Cluster(client) => Conn::Cluster(client.get_async_connection().await?),
-        });
-        *self.cached() = Some(conn.clone());
-        Ok(conn)
-    }
-
-    fn cached(&self) -> MutexGuard<'_, Option<Arc<Conn>>> {
-        // Every update is a single assignment: a poisoned lock is consistent.
-        self.conn.current.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Never hand out `conn` again; nothing if it was retired already (a
-    /// newer connection is not touched). It closes once the requests still
-    /// in flight on it are done.
-    fn retire(&self, conn: &Arc<Conn>) {
-        let mut cached = self.cached();
-        if cached.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-            *cached = None;
-            drop(cached);
-            tracing::debug!("redis connection retired; the next call takes a new one");
-        }
-    }
-
-    /// Run `calls` concurrently on the backend's connection (they are
-    /// pipelined on it), within the timeout. A request that ends without
-    /// its answer — an error on the connection, a timeout, or dropped by
-    /// the caller's time limit — retires the connection ([`InFlight`]); on
-    /// an error, the whole batch is retried once on a new connection: every
-    /// script is idempotent.
-    async fn run<T>(
+    /// `script` (a forced release) over the lock of `name` and, in the
+    /// fenced layout, its value key (and the argument that says so).
+    fn force_call(
         &self,
-        operation: &'static str,
-        calls: &[ScriptInvocation<'static>],
-    ) -> Result<Vec<T>, Error>
-    where
-        T: ::redis::FromRedisValue + Send,
-    {
-        let attempt = async {
-            let mut retried = false;
-            loop {
-                let conn = self.connection().await?;
-                let results = join_all(calls.iter().map(|call| {
-                    let mut c = (*conn).clone();
-                    let request = InFlight {
-                        redis: self,
-                        conn: conn.clone(),
-                        answered: false,
-                    };
-                    async move {
-                        let result = call.invoke_async::<T>(&mut c).await;
-                        let outcome = request.finish(&result);
-                        (result, outcome)
-                    }
-                }))
-                .await;
-                let failed = results
-                    .iter()
-                    .any(|(_, outcome)| *outcome == Ended::ConnectionFailed);
-                match results
-                    .into_iter()
-                    .map(|(result, _)| result)
-                    .collect::<Result<Vec<T>, RedisError>>()
-                {
-                    Ok(values) => return Ok(values),
-                    Err(e) if failed && !retried => {
-                        retried = true;
-                        tracing::debug!(operation, error = %e, "redis connection lost; retrying on another");
-                    }
-                    Err(e) => return Err(Error::Redis(e)),
-                }
-            }
-        };
-        // On a timeout, the requests in flight are dropped unanswered: the
-        // connection is retired, and the next call takes a new one.
-        tokio::time::timeout(self.timeout, attempt)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                operation,
-                after: self.timeout,
-            }))
-    }
-
-    /// The [`INSPECT`] script for `name`.
-    fn inspect_call(&self, name: &str) -> ScriptInvocation<'static> {
-        let mut call = SCRIPTS.inspect.key(self.lock_key(name));
-        if self.tokens.is_none() {
-            call.key(self.fence_key(name));
+        script: &'static ::redis::Script,
+        name: &str,
+    ) -> ::redis::ScriptInvocation<'static> {
+        let lock_key = self.lock_key(name);
+        let mut call = script.key(&lock_key);
+        call.arg(self.release_channel()).arg(name);
+        if let LockProtocol::Fenced = self.protocol {
+            call.key(lock_key + ":value").arg("fenced");
         }
         call
     }
 
-    /// What [`INSPECT`]'s answer says about `name` (see [`Backend::inspect`]).
-    fn lease_info(&self, name: &str, answer: &InspectAnswer) -> Option<LeaseInfo> {
-        let (value, pttl, counter) = answer;
-        let expires_in = match *pttl {
-            ms if ms > 0 => Some(Duration::from_millis(ms.unsigned_abs())),
-            // A lock without expiry (not one of ours): held until deleted.
-            -1 => Some(Duration::MAX),
-            _ => None,
-        };
-        match (value, self.tokens()) {
-            (Some(token), Some(tokens)) => {
-                let holder = tokens
-                    .iter()
-                    .find(|((n, _), t)| n == name && *t == token)
-                    .map(|((_, holder), _)| holder.clone())
-                    .unwrap_or_default();
-                Some(LeaseInfo::new(name, holder, expires_in, None))
-            }
-            (None, Some(_)) => None,
-            (Some(value), None) => {
-                let (fence, holder) = match value.split_once(':') {
-                    Some((fence, holder)) => (fence.parse::<u64>().ok(), holder),
-                    None => (None, value.as_str()),
-                };
-                Some(LeaseInfo::new(name, holder, expires_in, fence))
-            }
-            (None, None) => counter.as_deref().map(|counter| {
-                let fence = counter.parse::<u64>().ok().filter(|&f| f > 0);
-                LeaseInfo::new(name, "", None, fence)
-            }),
-        }
-    }
-
-    /// The `MATCH` pattern of the keys under the prefix: the prefix with
-    /// the glob's special characters escaped, then `{*` in the default
-    /// layout (lock and fence keys), `*` in the Go locker's protocol.
-    fn scan_pattern(&self) -> String {
-        let mut pattern = String::with_capacity(self.prefix.len() + 2);
-        for c in self.prefix.chars() {
-            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^') {
-                pattern.push('\\');
-            }
-            pattern.push(c);
-        }
-        pattern.push_str(if self.tokens.is_some() { "*" } else { "{*" });
-        pattern
-    }
-
-    /// The lease name of a key found under the prefix: in the default
-    /// layout the part between the braces of a lock key (`{prefix}{..}`)
-    /// or a fence key (`{prefix}{..}:fence`), unescaped; in the Go
-    /// locker's protocol the key without the prefix. `None` for any other key.
-    fn name_of_key(&self, key: &[u8]) -> Option<String> {
-        let rest = key.strip_prefix(self.prefix.as_bytes())?;
-        let rest = std::str::from_utf8(rest).ok()?;
-        if self.tokens.is_some() {
-            return (!rest.is_empty()).then(|| rest.to_owned());
-        }
-        let inner = rest.strip_prefix('{')?;
-        let (escaped, tail) = inner.split_once('}')?;
-        if !(tail.is_empty() || tail == ":fence") || escaped.is_empty() {
-            return None;
-        }
-        let name = escaped
-            .replace("%7D", "}")
-            .replace("%7B", "{")
-            .replace("%25", "%");
-        // Only a key this layout would write for that name.
-        (self.lock_key(&name) == format!("{}{{{escaped}}}", self.prefix)).then_some(name)
-    }
-
-    /// The keys under `pattern` on every master of the cluster: `CLUSTER
-    /// SLOTS` (on any node) names the masters, then each is scanned with
-    /// `SCAN cursor MATCH pattern COUNT step` sent to it by address, one
-    /// round trip per step. Bounded by the backend's timeout as a whole.
-    #[cfg(feature = "redis-cluster")]
-    async fn scan_masters(&self, pattern: &str, step: u32) -> Result<Vec<Vec<Vec<u8>>>, Error> {
-        use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let scan = async {
-            let conn = self.connection().await?;
-            let Conn::Cluster(c) = &*conn else {
-                return Err(Error::Protocol("not a cluster connection".to_owned()));
-            };
-            let mut c = c.clone();
-            let slots = self
-                .route(
-                    &conn,
-                    &mut c,
-                    ::redis::cmd("CLUSTER").arg("SLOTS").clone(),
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-                )
-                .await?;
-            // Each range: start, end, then the master `[ip, port, id, ..]`
-            // and its replicas.
-            let ranges: Vec<Vec<::redis::Value>> =
-                ::redis::from_redis_value(slots).map_err(RedisError::from)?;
-            let mut masters: Vec<(String, u16)> = Vec::new();
-            for range in &ranges {
-                let Some(master) = range.get(2) else { continue };
-                let master: Vec<::redis::Value> =
-                    ::redis::from_redis_value_ref(master).map_err(RedisError::from)?;
-                let (Some(host), Some(port)) = (master.first(), master.get(1)) else {
-                    continue;
-                };
-                let host: String = ::redis::from_redis_value_ref(host).map_err(RedisError::from)?;
-                let port: u16 = ::redis::from_redis_value_ref(port).map_err(RedisError::from)?;
-                if !masters.iter().any(|m| m.0 == host && m.1 == port) {
-                    masters.push((host, port));
-                }
-            }
-            let mut keys = Vec::new();
-            for (host, port) in masters {
-                let mut cursor = "0".to_owned();
-                loop {
-                    let mut cmd = ::redis::cmd("SCAN");
-                    cmd.arg(&cursor)
-                        .arg("MATCH")
-                        .arg(pattern)
-                        .arg("COUNT")
-                        .arg(step);
-                    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                        host: host.clone(),
-                        port,
-                    });
-                    let (next, found): (String, Vec<Vec<u8>>) =
-                        ::redis::from_redis_value(self.route(&conn, &mut c, cmd, routing).await?)
-                            .map_err(RedisError::from)?;
-                    keys.push(found);
-                    if next == "0" {
-                        break;
-                    }
-                    cursor = next;
-                }
-            }
-            Ok(keys)
-        };
-        tokio::time::timeout(self.timeout, scan)
-            .await
-            .unwrap_or(Err(Error::Timeout {
-                operation: "list",
-                after: self.timeout,
-            }))
-    }
-
-    /// One command sent where `routing` says on the cluster connection
-    /// `c` (a clone of `conn`); `conn` is retired if it ends unanswered.
-    #[cfg(feature = "redis-cluster")]
-    async fn route(
+    /// Send `call` alone; its one answer.
+    async fn run_one<T: ::redis::FromRedisValue + Send>(
         &self,
-        conn: &Arc<Conn>,
-        c: &mut ::redis::cluster_async::ClusterConnection,
-        cmd: ::redis::Cmd,
-        routing: ::redis::cluster_routing::RoutingInfo,
-    ) -> Result<::redis::Value, Error> {
-        let in_flight = InFlight {
-            redis: self,
-            conn: conn.clone(),
-            answered: false,
+        operation: &'static str,
+        call: ::redis::ScriptInvocation<'static>,
+    ) -> Result<T, Error> {
+        let answers = self.link.run(operation, &[call], self.timeout).await?;
+        answers
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::Protocol(format!("the {operation} script answered no value")))
+    }
+
+    /// The renewal scripts of `leases` (index, lock key, lock value, ttl),
+    /// `per_call` keys at most in each and, on a cluster, keys of one hash
+    /// slot only; the order of the answers' keys.
+    fn renew_calls(
+        &self,
+        leases: &[(usize, String, String, u32)],
+        per_call: usize,
+    ) -> (Vec<::redis::ScriptInvocation<'static>>, Vec<usize>) {
+        let slot = |k: &usize| {
+            if self.is_cluster() {
+                hash_slot(&leases[*k].1)
+            } else {
+                0
+            }
         };
-        let result = c.route_command(cmd, routing).await;
-        in_flight.finish(&result);
-        Ok(result?)
+        let mut order: Vec<usize> = (0..leases.len()).collect();
+        order.sort_by_key(slot);
+        let calls = order
+            .chunk_by(|a, b| slot(a) == slot(b))
+            .flat_map(|group| group.chunks(per_call))
+            .map(|chunk| {
+                let mut call = SCRIPTS.renew.prepare_invoke();
+                for &k in chunk {
+                    let (_, key, value, ttl_ms) = &leases[k];
+                    call.key(key).arg(value).arg(*ttl_ms);
+                }
+                call
+            })
+            .collect();
+        (calls, order)
     }
-
-    /// The renewal of `lease` for `ttl_ms`, or `None` if it has no fencing
-    /// token (every grant of this backend has one, so it cannot be ours).
-    fn renew_call(&self, lease: Acquisition<'_>, ttl_ms: u32) -> Option<ScriptInvocation<'static>> {
-        let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
-        call.arg(self.lock_value(lease)?).arg(ttl_ms);
-        Some(call)
-    }
-}
-
-/// A new random token for the Go locker's protocol: 128 bits, as 32 hex
-/// digits. `RandomState` is seeded from the OS's randomness and differs for
-/// every instance; the counter and the clock make each pair of hashes unique.
-fn new_token() -> String {
-    use std::hash::{BuildHasher, RandomState};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let seed = (
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        std::time::SystemTime::now(),
-        std::process::id(),
-    );
-    let (a, b) = (
-        RandomState::new().hash_one(seed),
-        RandomState::new().hash_one(seed),
-    );
-    format!("{a:016x}{b:016x}")
 }
 
 /// How often an idle subscription is checked with `PING`: a connection
@@ -1201,25 +565,25 @@ const PING_EVERY: Duration = Duration::from_secs(30);
 
 /// Redis pub/sub as a [`Source`] of releases: a connection of its own,
 /// opened from the client given to [`Redis::with_pubsub`].
-struct RedisSource {
+struct RedisReleases {
     client: ::redis::Client,
     channel: String,
     timeout: Duration,
 }
 
 /// A subscribed pub/sub connection.
-struct Subscribed {
+struct RedisSubscription {
     sink: PubSubSink,
     stream: PubSubStream,
     ping: tokio::time::Interval,
     timeout: Duration,
 }
 
-impl Source for RedisSource {
-    type Subscription = Subscribed;
+impl Source for RedisReleases {
+    type Subscription = RedisSubscription;
     const WHAT: &'static str = "redis SUBSCRIBE";
 
-    async fn subscribe(&self) -> Result<Subscribed, Error> {
+    async fn subscribe(&self) -> Result<RedisSubscription, Error> {
         let subscribe = async {
             let mut pubsub = self.client.get_async_pubsub().await?;
             pubsub.subscribe(&self.channel).await?;
@@ -1235,7 +599,7 @@ impl Source for RedisSource {
         let start = tokio::time::Instant::now() + PING_EVERY;
         let mut ping = tokio::time::interval_at(start, PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Ok(Subscribed {
+        Ok(RedisSubscription {
             sink,
             stream,
             ping,
@@ -1243,7 +607,7 @@ impl Source for RedisSource {
         })
     }
 
-    async fn next(s: &mut Subscribed) -> Event {
+    async fn next(s: &mut RedisSubscription) -> Event {
         loop {
             tokio::select! {
                 message = s.stream.next() => match message {
@@ -1270,172 +634,184 @@ impl Source for RedisSource {
 }
 
 impl Backend for Redis {
-    /// One script: if the lock is free, `INCR fence` and `SET lock
-    /// "{fence}:{holder}" PX ttl`; if it already holds `holder`, `PEXPIRE`
-    /// and its fence.
+    /// One script: takes the lock if it is free, or extends it if it holds
+    /// `holder` already (same fencing token); the fenced layout's `INCR` of
+    /// the fence key is in the same script.
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
-        let ttl_ms = validate::call(name, holder, ttl)?;
-        if self.tokens.is_some() {
-            return self.go_acquire(name, holder, ttl_ms).await;
+        match self.acquire_with(Request::new(name, holder, ttl)).await? {
+            Acquired::Granted(grant) => Ok(Some(grant)),
+            _ => Ok(None),
         }
-        let mut call = SCRIPTS.acquire.key(self.lock_key(name));
-        call.key(self.fence_key(name)).arg(holder).arg(ttl_ms);
-        let [fence] = self.run::<i64>("acquire", &[call]).await?[..] else {
-            return Err(Error::Protocol(
-                "the acquire script answered no value".to_owned(),
-            ));
+    }
+
+    /// One script, as [`acquire`](Backend::acquire): it also reads Redis
+    /// `TIME` and the ledger for the slot, and writes the value (see
+    /// [Schedule slots, values, forced releases](Redis#schedule-slots-values-forced-releases)).
+    /// [`Acquired::HeldElsewhere`] carries the lock's `PTTL`.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Backend::acquire); [`Error::Unsupported`] for
+    /// `once_per` or a value in the [Go locker's
+    /// protocol](Redis::with_go_locker_protocol).
+    async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
+        let ttl_ms = validate::call(request.name, request.holder, request.ttl)?;
+        if let Some(value) = request.value {
+            validate::value(value)?;
+        }
+        if request.once_per.is_some() {
+            self.fenced_only("once_per")?;
+        }
+        if request.value.is_some() {
+            self.fenced_only("proclaim")?;
+        }
+        let LockProtocol::GoLocker(tokens) = &self.protocol else {
+            let call =
+                LockProtocol::fenced_acquire_call(&self.lock_key(request.name), &request, ttl_ms);
+            let answer: Vec<i64> = self.run_one("acquire", call).await?;
+            return LockProtocol::fenced_acquired(&answer);
         };
-        match fence {
-            0 => Ok(None),
-            f if f > 0 => Ok(Some(Grant::new(Some(f.unsigned_abs())))),
-            f => Err(Error::Protocol(format!(
-                "the acquire script answered the fencing token {f}"
-            ))),
-        }
+        let (name, holder) = (request.name, request.holder);
+        let send = |call| self.run_one("acquire", call);
+        let grant =
+            LockProtocol::go_acquire(tokens, self.lock_key(name), name, holder, ttl_ms, send)
+                .await?;
+        Ok(grant.map_or(
+            Acquired::HeldElsewhere { expires_in: None },
+            Acquired::Granted,
+        ))
     }
 
     /// `PEXPIRE lock ttl` iff the lock still holds this acquisition.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
-        let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
-        let Some(value) = self.lock_value(lease) else {
+        let renewed = self.renew_many(&[(lease, ttl)]).await?;
+        Ok(renewed.first() == Some(&true))
+    }
+
+    /// `DEL lock` (and its value) iff the lock still holds this
+    /// acquisition, and `PUBLISH` of the name. The fence key stays.
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
+        self.release_with(lease, None).await
+    }
+
+    /// One script: the ledger's `SET` to `slot` unless it holds a larger
+    /// one (whoever holds the lock), then [`release`](Backend::release)'s.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Backend::release); [`Error::Unsupported`] in the [Go
+    /// locker's protocol](Redis::with_go_locker_protocol).
+    async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
+        self.release_with(lease, Some(slot)).await
+    }
+
+    /// One script: iff the lock holds this acquisition, `SET` (or `DEL`)
+    /// of the value key and `PUBLISH` of the name on the [release
+    /// channel](Redis::release_channel), so that waiters and
+    /// [`Lease::observe`](crate::Lease::observe) look again.
+    ///
+    /// # Errors
+    ///
+    /// As [`renew`](Backend::renew); [`Error::Unsupported`] in the [Go
+    /// locker's protocol](Redis::with_go_locker_protocol).
+    async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        if let Some(value) = value {
+            validate::value(value)?;
+        }
+        self.fenced_only("proclaim")?;
+        let (Some(fence), Some(lock_value)) =
+            (lease.fencing_token, self.protocol.lock_value(lease))
+        else {
             return Ok(false);
         };
-        let mut call = SCRIPTS.renew.key(self.lock_key(lease.name));
-        call.arg(&value).arg(ttl_ms);
-        let renewed = self.run::<i64>("renew", &[call]).await?.first() == Some(&1);
-        if !renewed {
-            self.forget(lease.name, lease.holder, &value);
-        }
-        Ok(renewed)
+        let lock_key = self.lock_key(lease.name);
+        let mut call = SCRIPTS.publish.key(&lock_key);
+        call.key(lock_key + ":value")
+            .arg(lock_value)
+            .arg(fence)
+            .arg(if value.is_some() { "1" } else { "0" })
+            .arg(value.unwrap_or(""))
+            .arg(self.release_channel())
+            .arg(lease.name);
+        Ok(self.run_one::<i64>("publish", call).await? == 1)
     }
 
-    /// `DEL lock` iff the lock still holds this acquisition. The fence key stays.
-    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
-        validate::call_no_ttl(lease.name, lease.holder)?;
-        let Some(value) = self.lock_value(lease) else {
-            return Ok(());
-        };
-        let mut call = SCRIPTS.release.key(self.lock_key(lease.name));
-        call.arg(&value).arg(self.release_channel()).arg(lease.name);
-        self.run::<i64>("release", &[call]).await?;
-        // Deleted, or no longer ours: either way this acquisition is over.
-        // (After an error it is kept: a re-acquire replaces it anyway.)
-        self.forget(lease.name, lease.holder, &value);
-        Ok(())
-    }
-
-    /// One script (one round trip): `GET` and `PTTL` of the lock key, and in
-    /// the default layout `GET` of the fence key. The time left is Redis'
-    /// own `PTTL`.
-    ///
-    /// - **Default layout**: a live lock's value is `{fence}:{holder}`, so
-    ///   `holder`, `fencing_token` and `expires_in` are all known. A lock
-    ///   that was released or expired is deleted (by this backend or by
-    ///   Redis), and only the fence key is left: the answer then has
-    ///   `expires_in: None`, the last fencing token, and an **empty**
-    ///   `holder` (Redis keeps no trace of it). `Ok(None)` when neither key
-    ///   exists: never acquired (or the keys were lost).
-    /// - **Go locker's protocol**: the value is a random token, which says
-    ///   nothing about who took it. A live lock answers its time left, no
-    ///   fencing token, and as `holder` the holder of this backend value's
-    ///   own acquisition with that token if there is one, otherwise an
-    ///   empty string (a Go replica, another process). A lock that was
-    ///   released or expired leaves nothing: `Ok(None)`.
+    /// One script: the lock's value, Redis' own `PTTL`, the fence counter,
+    /// the ledger (the last slot) and the value (reported while the lock
+    /// holds the acquisition that published it). A released or expired
+    /// lock leaves only its fence key and ledger: `expires_in: None`, the
+    /// last fencing token and an **empty** `holder`; `Ok(None)` when none
+    /// of them exists. A force-released lock has an empty `holder` and is
+    /// [`forced`](LeaseInfo::forced) until it expires. In the Go locker's protocol the `holder` is
+    /// known only for this backend value's own acquisitions, there is no
+    /// fencing token, and a released lock is `Ok(None)`.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
-        let [answer] = &self
-            .run::<InspectAnswer>("inspect", &[self.inspect_call(name)])
-            .await?[..]
-        else {
-            return Err(Error::Protocol(
-                "the inspect script answered no value".to_owned(),
-            ));
-        };
-        Ok(self.lease_info(name, answer))
+        let call = self.protocol.inspect_call(self.lock_key(name));
+        let answer: RedisInspectAnswer = self.run_one("inspect", call).await?;
+        Ok(self.protocol.lease_info(name, &answer))
     }
 
-    /// Every lease under the prefix: the names found by `SCAN` (never
-    /// `KEYS`) with `MATCH` on the prefix, a step of up to 1,000 keys per
-    /// round trip, then each as [`inspect`](Backend::inspect) answers it
-    /// (its scripts sent together, pipelined), in the order `SCAN` found
-    /// them. On a Redis Cluster (`Redis::cluster`) every master is scanned
-    /// in turn (the masters of `CLUSTER SLOTS`), since each holds the keys
-    /// of its own slots only; a lease whose slot moves to another master
-    /// during the scan (a failover, a resharding) may be missed.
-    ///
-    /// - **Default layout**: the lock keys and the fence keys under the
-    ///   prefix ([Keys](Redis#keys)) name the leases, so a name once
-    ///   acquired is listed as long as its fence key lives, held or not
-    ///   (released ones with an empty `holder`, as `inspect` answers).
-    /// - **Go locker's protocol**: every key under the prefix is taken for
-    ///   a lock (the protocol's keys are `{prefix}{name}`, nothing marks
-    ///   them), so give it a prefix of its own; only live locks exist.
-    ///
-    /// `SCAN` may return a key twice (names are listed once) and misses no
-    /// key that lived through the whole scan; a lease taken or released
-    /// during it may or may not be listed.
+    /// Every lease under the prefix, as [`inspect`](Backend::inspect)
+    /// answers it, in the order `SCAN` (never `KEYS`) found its keys: a name
+    /// is listed while its fence key (or ledger) lives, held or not. On a Redis Cluster
+    /// every master is scanned (a lease whose slot moves meanwhile may be
+    /// missed). In the Go locker's protocol every key under the prefix is
+    /// taken for a lock: give it a prefix of its own.
     async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
-        const STEP: u32 = 1000;
-        let pattern = self.scan_pattern();
-        let mut names: Vec<String> = Vec::new();
+        let pattern = self.protocol.scan_pattern(&self.prefix);
+        let keys = self.link.scan(&pattern, 1000, self.timeout).await?;
         let mut seen = std::collections::HashSet::new();
-        let mut found = |keys: &[Vec<u8>]| {
-            for key in keys {
-                if let Some(name) = self.name_of_key(key)
-                    && seen.insert(name.clone())
-                {
-                    names.push(name);
-                }
-            }
-        };
-        #[cfg(feature = "redis-cluster")]
-        if self.is_cluster() {
-            // A script without keys runs on one node: scan every master.
-            for keys in self.scan_masters(&pattern, STEP).await? {
-                found(&keys);
-            }
-        }
-        let mut cursor = "0".to_owned();
-        while !self.is_cluster() {
-            let mut call = SCRIPTS.scan.prepare_invoke();
-            call.arg(&cursor).arg(&pattern).arg(STEP);
-            let [(next, keys)] = &self.run::<(String, Vec<Vec<u8>>)>("list", &[call]).await?[..]
-            else {
-                return Err(Error::Protocol(
-                    "the scan script answered no value".to_owned(),
-                ));
-            };
-            found(keys);
-            if next == "0" {
-                break;
-            }
-            cursor = next.clone();
-        }
+        let names: Vec<String> = keys
+            .iter()
+            .filter_map(|key| self.protocol.name_of_key(&self.prefix, key))
+            .filter(|name| seen.insert(name.clone()))
+            .collect();
         let mut leases = Vec::with_capacity(names.len());
-        for chunk in names.chunks(RENEW_MANY_CHUNK) {
-            let calls: Vec<_> = chunk.iter().map(|name| self.inspect_call(name)).collect();
-            let answers = self.run::<InspectAnswer>("list", &calls).await?;
+        for chunk in names.chunks(MAX_BATCH) {
+            let calls: Vec<_> = chunk
+                .iter()
+                .map(|name| self.protocol.inspect_call(self.lock_key(name)))
+                .collect();
+            let answers = self
+                .link
+                .run::<RedisInspectAnswer>("list", &calls, self.timeout)
+                .await?;
             leases.extend(
                 chunk
                     .iter()
                     .zip(&answers)
-                    .filter_map(|(name, answer)| self.lease_info(name, answer)),
+                    .filter_map(|(name, answer)| self.protocol.lease_info(name, answer)),
             );
         }
         Ok(leases)
     }
 
-    /// One script: `DEL` of the lock key, whoever holds it, and the
-    /// release's `PUBLISH` if it existed. The fence key stays, so the next
-    /// acquisition gets a larger fencing token; the evicted holder's next
-    /// renewal finds no lock and reports the lease lost. In the Go
-    /// locker's protocol, the same `DEL` of `{prefix}{name}`.
+    /// One script, the lock delay: a lock that names a holder keeps its
+    /// `PTTL` and loses its holder (`SET lock {fence}: KEEPTTL`; in the Go
+    /// locker's protocol the empty string), its value is deleted and the
+    /// name published. The evicted acquisition's renewals fail from then
+    /// on, and every acquire is refused until the lock expires;
+    /// [`inspect`](Backend::inspect) reports it [`forced`](LeaseInfo::forced).
+    /// The fence key stays, so the next acquisition gets a larger fencing
+    /// token. `Ok(false)` when there is no lock, or it was force-released
+    /// already. A lock without expiry, which this backend never writes,
+    /// has none to wait for: it is deleted.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
-        let mut call = SCRIPTS.force_release.key(self.lock_key(name));
-        call.arg(self.release_channel()).arg(name);
-        let deleted = self.run::<i64>("force_release", &[call]).await?;
-        Ok(deleted.first() == Some(&1))
+        let call = self.force_call(&SCRIPTS.force_release, name);
+        Ok(self.run_one::<i64>("force_release", call).await? == 1)
+    }
+
+    /// One script: `DEL` of the lock key (also one kept by
+    /// [`force_release`](Backend::force_release)) and its value, whoever
+    /// holds it, and the release's `PUBLISH` if it existed. The fence key
+    /// and the ledger stay.
+    async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        let call = self.force_call(&SCRIPTS.force_release_now, name);
+        Ok(self.run_one::<i64>("force_release", call).await? == 1)
     }
 
     /// With [`with_pubsub`](Redis::with_pubsub): the release script's
@@ -1444,104 +820,62 @@ impl Backend for Redis {
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         let push = self.pubsub.as_ref().map(|client| {
             self.push.get_or_init(|| {
-                Push::new(RedisSource {
+                Push::new(RedisReleases {
                     client: (**client).clone(),
                     channel: self.release_channel(),
                     timeout: self.timeout,
                 })
             })
         });
-        let waiting = push.map(|push| push.released(name.to_owned(), poll));
-        let polling = waiting.is_none().then(|| tokio::time::sleep(poll));
-        async move {
-            match (waiting, polling) {
-                (Some(waiting), _) => waiting.await,
-                (None, Some(polling)) => polling.await,
-                (None, None) => {}
-            }
+        // Either way, the time starts now, not when first polled.
+        match push {
+            Some(push) => Either::Left(push.released(name.to_owned(), poll)),
+            None => Either::Right(tokio::time::sleep(poll)),
         }
     }
 
-    /// One script over all the keys (per 1,000), which answers for each
-    /// lease; on a cluster proxy that refuses a script over keys of several
-    /// hash slots (`CROSSSLOT`), one script per key, pipelined.
+    /// One script over all the keys (per 1,000, and per hash slot on a
+    /// cluster), which answers for each lease.
     async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
-        // Leases without a fencing token cannot be ours: answered `false`
-        // without asking.
-        let mut ours: Vec<(usize, String, u32)> = Vec::with_capacity(leases.len());
+        // Leases without a lock value cannot be ours: `false` without asking.
+        let mut ours = Vec::with_capacity(leases.len());
         for (i, &(lease, ttl)) in leases.iter().enumerate() {
             let ttl_ms = validate::call(lease.name, lease.holder, ttl)?;
-            if let Some(value) = self.lock_value(lease) {
-                ours.push((i, value, ttl_ms));
+            if let Some(value) = self.protocol.lock_value(lease) {
+                ours.push((i, self.lock_key(lease.name), value, ttl_ms));
             }
         }
         let mut out = vec![false; leases.len()];
-        // On a cluster, one script per hash slot (a script's keys must share
-        // one); elsewhere one script for all. `order`: the leases of `ours`
-        // in the order of the scripts' keys.
-        let keys: Vec<String> = ours
-            .iter()
-            .map(|(i, _, _)| self.lock_key(leases[*i].0.name))
-            .collect();
-        let slots: Vec<u16> = if self.is_cluster() {
-            keys.iter().map(|k| hash_slot(k)).collect()
-        } else {
-            vec![0; keys.len()]
-        };
-        let mut order: Vec<usize> = (0..ours.len()).collect();
-        order.sort_by_key(|&k| slots[k]);
-        let mut calls = Vec::new();
-        let mut group = (u16::MAX, 0);
-        for &k in &order {
-            let (_, value, ttl) = &ours[k];
-            if calls.is_empty() || group.0 != slots[k] || group.1 == RENEW_MANY_CHUNK {
-                calls.push(SCRIPTS.renew_many.prepare_invoke());
-                group = (slots[k], 0);
-            }
-            group.1 += 1;
-            calls
-                .last_mut()
-                .expect("BUG: a call was pushed")
-                .key(&keys[k])
-                .arg(value)
-                .arg(*ttl);
+        if ours.is_empty() {
+            return Ok(out);
         }
-        let renewed: Vec<i64> = match self.run::<Vec<i64>>("renew", &calls).await {
-            Ok(renewed) => {
-                let in_order: Vec<i64> = renewed.into_iter().flatten().collect();
-                if in_order.len() != ours.len() {
-                    return Err(Error::Protocol(format!(
-                        "the renew script answered {} results for {} leases",
-                        in_order.len(),
-                        ours.len()
-                    )));
-                }
-                let mut renewed = vec![0; ours.len()];
-                for (k, r) in order.iter().zip(in_order) {
-                    renewed[*k] = r;
-                }
-                renewed
-            }
+        let (calls, order) = self.renew_calls(&ours, MAX_BATCH);
+        let (answers, order) = match self
+            .link
+            .run::<Vec<i64>>("renew", &calls, self.timeout)
+            .await
+        {
+            // A cluster that this client does not know of refuses a script
+            // over several slots: one script per key, sent together.
             Err(Error::Redis(e)) if e.code() == Some("CROSSSLOT") => {
-                let calls: Vec<_> = ours
-                    .iter()
-                    .filter_map(|&(i, _, ttl)| self.renew_call(leases[i].0, ttl))
-                    .collect();
-                self.run::<i64>("renew", &calls).await?
+                let (calls, order) = self.renew_calls(&ours, 1);
+                (self.link.run("renew", &calls, self.timeout).await?, order)
             }
-            Err(e) => return Err(e),
+            answers => (answers?, order),
         };
-        if renewed.len() != ours.len() {
+        let answers: Vec<i64> = answers.concat();
+        if answers.len() != ours.len() {
             return Err(Error::Protocol(format!(
                 "the renew script answered {} results for {} leases",
-                renewed.len(),
+                answers.len(),
                 ours.len()
             )));
         }
-        for ((i, value, _), r) in ours.iter().zip(renewed) {
-            out[*i] = r == 1;
-            if r != 1 {
-                self.forget(leases[*i].0.name, leases[*i].0.holder, value);
+        for (k, answer) in order.into_iter().zip(answers) {
+            let (i, _, value, _) = &ours[k];
+            out[*i] = answer == 1;
+            if answer != 1 {
+                self.protocol.forget(leases[*i].0, value);
             }
         }
         Ok(out)
@@ -1550,21 +884,7 @@ impl Backend for Redis {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashSet;
-
     use super::*;
-
-    /// Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-    #[test]
-    fn hash_slots_are_redis_clusters() {
-        assert_eq!(hash_slot("123456789"), 0x31C3); // CRC16-XMODEM check value
-        assert_eq!(hash_slot("foo"), 12182);
-        assert_eq!(hash_slot("{user1000}.following"), hash_slot("user1000"));
-        assert_eq!(
-            hash_slot("lease:{report}"),
-            hash_slot("lease:{report}:fence")
-        );
-    }
 
     /// A pool that is never connected (creating one needs no server).
     fn backend() -> Redis {
@@ -1577,13 +897,8 @@ mod tests {
     #[test]
     fn prefix_rules() {
         assert_eq!(backend().prefix(), "lease:");
-        assert_eq!(
-            backend()
-                .with_prefix("")
-                .expect("empty is fine")
-                .lock_key("n"),
-            "{n}"
-        );
+        let empty = backend().with_prefix("").expect("empty is fine");
+        assert_eq!(empty.lock_key("n"), "{n}");
         let longest = "p".repeat(Redis::MAX_PREFIX_LEN);
         assert!(backend().with_prefix(longest.clone()).is_ok());
         for bad in [
@@ -1602,93 +917,38 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_distinct_and_share_a_hash_tag() {
-        let redis = backend().with_prefix("p:").expect("valid");
-        let names = [
-            "a", "a}", "a}:fence", "a:fence", "{a}", "}x", "{", "}", "%", "%25", "%7B", "%7D",
-            "%%", "{}", "🦀", "a b", "'\"",
-        ];
-        let mut keys = HashSet::new();
-        for name in names {
-            let (lock, fence) = (redis.lock_key(name), redis.fence_key(name));
-            // The hash tag is everything between the prefix's `{` and the last `}`.
-            let inner = &lock["p:{".len()..lock.len() - 1];
-            assert!(!inner.contains(['{', '}']), "{name:?} -> {lock}");
-            assert!(lock.starts_with("p:{") && lock.ends_with('}'), "{lock}");
-            assert_eq!(fence, format!("{lock}:fence"));
-            assert!(keys.insert(lock) && keys.insert(fence), "{name:?} collides");
-        }
-        assert_eq!(redis.lock_key("%{}"), "p:{%25%7B%7D}");
-    }
-
-    #[test]
-    fn go_locker_keys_are_the_prefix_and_the_name() {
-        let redis = backend()
-            .with_prefix("lock:")
-            .expect("valid")
-            .with_go_locker_protocol();
-        assert_eq!(redis.lock_key("report"), "lock:report");
-        assert_eq!(redis.lock_key("50% {off}"), "lock:50% {off}");
+    fn the_protocol_is_chosen_once_for_every_key() {
+        let fenced = backend().with_prefix("p:").expect("valid");
+        assert_eq!(fenced.lock_key("a{b}"), "p:{a%7Bb%7D}");
+        assert_eq!(fenced.fence_key("a{b}"), "p:{a%7Bb%7D}:fence");
+        let go = fenced.clone().with_go_locker_protocol();
+        assert_eq!(go.lock_key("a{b}"), "p:a{b}");
         assert_eq!(
             backend().with_go_locker_protocol().lock_key("a{b}"),
             "lease:a{b}"
         );
-        // Nothing to renew or release without a token of this backend.
-        assert_eq!(
-            redis.lock_value(Acquisition::new("report", "pod", None)),
-            None
-        );
-        assert_eq!(
-            redis.lock_value(Acquisition::new("report", "pod", Some(3))),
-            None
-        );
-        assert_eq!(
-            backend()
-                .lock_value(Acquisition::new("report", "pod", Some(3)))
-                .as_deref(),
-            Some("3:pod")
-        );
+        assert!(format!("{go:?}").contains("go_locker_protocol: true"));
     }
 
-    #[test]
-    fn tokens_are_random_and_distinct() {
-        let tokens: HashSet<String> = (0..1000).map(|_| new_token()).collect();
-        assert_eq!(tokens.len(), 1000);
-        for token in &tokens {
-            assert_eq!(token.len(), 32);
-            assert!(token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
-        }
-    }
-
-    #[test]
-    fn which_errors_retire_the_connection() {
-        use std::io;
-        let io = |kind: io::ErrorKind| RedisError::from(io::Error::from(kind));
-        let reply = |bytes: &[u8]| {
-            ::redis::parse_redis_value(bytes)
-                .expect("a reply")
-                .extract_error()
-                .expect_err("an error reply")
-        };
-        // Nothing came back, or the connection is gone or leads to a replica.
-        for e in [
-            io(io::ErrorKind::TimedOut),
-            io(io::ErrorKind::ConnectionReset),
-            io(io::ErrorKind::BrokenPipe),
-            io(io::ErrorKind::UnexpectedEof),
-            reply(b"-READONLY You can't write against a read only replica.\r\n"),
-        ] {
-            assert!(connection_failed(&e), "{e}");
-        }
-        // The server answered: the connection works.
-        for e in [
-            reply(b"-ERR something\r\n"),
-            reply(b"-NOSCRIPT No matching script\r\n"),
-            reply(b"-CROSSSLOT Keys in request don't hash to the same slot\r\n"),
-            reply(b"-BUSY Redis is busy running a script\r\n"),
-            RedisError::from((::redis::ErrorKind::UnexpectedReturnType, "not an integer")),
-        ] {
-            assert!(!connection_failed(&e), "{e}");
-        }
+    /// A lease this backend value holds no token of cannot be ours: renew
+    /// and release answer without a round trip (here: a server that is not
+    /// there).
+    #[tokio::test]
+    async fn no_lock_value_no_round_trip() {
+        let go = backend().with_go_locker_protocol();
+        let lease = Acquisition::new("report", "pod", None);
+        assert!(
+            !go.renew(lease, Duration::from_secs(1))
+                .await
+                .expect("no call")
+        );
+        go.release(lease).await.expect("no call");
+        let fenced = backend();
+        assert!(
+            !fenced
+                .renew(lease, Duration::from_secs(1))
+                .await
+                .expect("no call")
+        );
     }
 }

@@ -1,105 +1,17 @@
 //! The table backends' shared core: [`Table`], generic over its SQL
 //! [`Dialect`] (PostgreSQL, MySQL/MariaDB, SQLite).
 //!
-//! Everything that does not depend on the SQL dialect lives here once: the
-//! struct and its constructors, the validated table name and the statements
-//! built from it, input checks, fencing-token conversion, the retry of
-//! transient errors, the batching of renewals, and the [`Backend`] impl. A
-//! dialect's file (`table/pg.rs`, `table/mysql.rs`, `table/sqlite.rs`) keeps
-//! only its statements, the reasons for them, and the few lines that bind
-//! and run them.
+//! A dialect's file (`table/pg.rs`, `table/mysql.rs`, `table/sqlite.rs`)
+//! holds its statements, the reasons for them, and the lines that bind and
+//! run them; the rest is here, once. See `docs/ARCHITECTURE.md`.
 
 use std::future::Future;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::backend::{Acquired, MAX_BATCH, Request};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, validate};
-
-/// The acquire, renew and release calls of a dialect whose statements
-/// number their parameters (`$1` / `?1`: name, holder, ttl in ms, fence),
-/// so that binding in that order fits every statement: PostgreSQL, SQLite.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-macro_rules! numbered_calls {
-    () => {
-        async fn acquire(
-            t: Ready<'_, Self>,
-            name: &str,
-            holder: &str,
-            ttl_ms: i64,
-        ) -> Result<Option<i64>, sqlx::Error> {
-            sqlx::query_scalar(AssertSqlSafe(t.sql.acquire.clone()))
-                .bind(name)
-                .bind(holder)
-                .bind(ttl_ms)
-                .fetch_optional(t.pool)
-                .await
-        }
-
-        async fn renew(
-            t: Ready<'_, Self>,
-            lease: Renewal<'_>,
-            holder: &str,
-        ) -> Result<bool, sqlx::Error> {
-            let done = sqlx::query(AssertSqlSafe(t.sql.renew.clone()))
-                .bind(lease.name)
-                .bind(holder)
-                .bind(lease.ttl_ms)
-                .bind(lease.fence)
-                .execute(t.pool)
-                .await?;
-            Ok(done.rows_affected() == 1)
-        }
-
-        release_call!();
-    };
-}
-
-/// The release call: the statement takes name, holder and fence, in that
-/// order, in every dialect (MySQL binds names and holders as bytes).
-macro_rules! release_call {
-    ($($to_bytes:ident)?) => {
-        async fn release(
-            t: Ready<'_, Self>,
-            name: &str,
-            holder: &str,
-            fence: Option<i64>,
-        ) -> Result<(), sqlx::Error> {
-            sqlx::query(AssertSqlSafe(t.sql.release.clone()))
-                .bind(name$(.$to_bytes())?)
-                .bind(holder$(.$to_bytes())?)
-                .bind(fence)
-                .execute(t.pool)
-                .await
-                .map(drop)
-        }
-    };
-}
-
-/// A dialect's marker type, with its docs.
-macro_rules! dialect {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Debug, Clone, Copy)]
-        pub enum $name {}
-
-        impl super::Dialect for $name {}
-    };
-}
-
-/// `create` as one plain statement (MySQL serialises concurrent
-/// `CREATE TABLE IF NOT EXISTS` itself; SQLite has one writer at a time).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-macro_rules! plain_create {
-    () => {
-        async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
-            sqlx::query(AssertSqlSafe(t.create.clone()))
-                .execute(&t.pool)
-                .await
-                .map(drop)
-        }
-    };
-}
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -108,6 +20,9 @@ pub(crate) mod pg;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+use catalog::{Column, refused, shape};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+use catalog::{Shape, step_us, zoneless_in_shared};
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlDialect, MySqlTable};
 #[cfg(feature = "postgres")]
@@ -118,109 +33,86 @@ pub use sqlite::{SqliteDialect, SqliteTable};
 /// Leases in a SQL table, one row per lease name — the implementation behind
 /// [`PgTable`](crate::backend::PgTable), [`MySqlTable`](crate::backend::MySqlTable)
 /// and [`SqliteTable`](crate::backend::SqliteTable); see each of them for its
-/// columns, clock and statements.
+/// columns and clock.
 ///
 /// What every table backend guarantees:
 ///
-/// - **The server's clock decides expiry** (the database's, or for SQLite
-///   the host's, read inside SQL), never the caller's.
+/// - **The server's clock decides expiry** (for SQLite the host's, read
+///   inside SQL), never the caller's.
 /// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
 ///   acquisition of a name, one more for each later one, unchanged when the
-///   holder re-acquires its own live lease. (In a table shared with the Go
-///   services, whose release deletes the row, the counter starts again at 1
-///   after each of their releases: see "Migrating from the Go packages" in
-///   the README.)
-/// - **Renew and release concern one acquisition**: they match name, holder
-///   and fence, so a late request of an older acquisition never touches a
-///   newer one. Renew never inserts a row, and never brings back a released
-///   or expired lease.
-/// - **Release keeps the row**: it sets `expires_at` to the epoch, so the
-///   fence never restarts, and a statement that waited for the release's row
-///   lock sees the row expired whatever instant it took as its "now". Rows
-///   are never deleted by this crate.
-/// - **One statement per call**, in autocommit; the renewals of many leases
-///   of one holder ([`Backend::renew_many`], which the engine uses) are one
-///   statement per 1,000 leases, and each lease learns whether it was renewed.
-/// - Names and holders are always bind parameters. The table name is
-///   validated when the backend is built and then put into the statements,
-///   which are built once, at the first call.
-/// - **The table is checked at the first call**, with one query of the
-///   server's catalog, once per backend value (clones share the result): it
-///   must exist and have the columns `name` (unique on its own: the primary
-///   key), `holder`, `expires_at` and `fence` (an integer, NOT NULL), and
-///   `expires_at` a type whose expiries every user of the table reads alike
-///   (see each backend). Otherwise that call, and every later one until the
-///   table is fixed, fails with [`Error::Schema`], which names the table, the
-///   column and the statement that fixes it — for a table made for the Go
-///   services, [`fence_migration`](Table::fence_migration). The statements
-///   follow the column's type and precision.
-/// - **A `fence` column with a default** (as [`fence_migration`](Table::fence_migration)
-///   adds it) marks a table *shared* with services that insert rows without
-///   a fence — the Go services during a migration. Their rows get the fence
-///   0, and the next acquisition here makes it 1 or more. A time column
-///   without a time zone is refused in a shared table: the Go services write
-///   it in their sessions' time zone, which this crate cannot know.
-/// - A call whose future is dropped (for example by a timeout) after its
-///   statement reached the server may still take effect: an acquisition the
-///   caller never learned of ends at its ttl, or is picked up by the same
-///   holder's next (idempotent) acquire.
-/// - **Waiting** ([`Backend::released`]): `PgTable`'s release notifies a
-///   channel, and its waiters listen on one pooled connection (see
-///   [`PgTable`](crate::backend::PgTable)); `MySqlTable` and `SqliteTable`
-///   poll (every `ttl/10`, at most 1 s, with ±20% jitter).
-/// - **[`inspect`](Backend::inspect)** is one `SELECT` of the name's row:
-///   holder, fence, and the time until another holder may take it, by the
-///   clock the statements use; `Ok(None)` without a row.
+///   holder re-acquires its own live lease. (The Go services' release
+///   deletes the row: the counter then starts again at 1.)
+/// - **Renew and release concern one acquisition** (name, holder and
+///   fence): a late request of an older acquisition never touches a newer
+///   one. Renew never inserts a row, nor brings back a released or expired
+///   lease.
+/// - **Release keeps the row**, expired, so the fence never restarts; this
+///   crate never deletes rows.
+/// - **One statement per call**, in autocommit; [`Backend::renew_many`] is
+///   one per holder and 1,000 leases. A statement the server rolled back
+///   as transient (MySQL: a deadlock or lock wait timeout) is run again, up
+///   to 6 times in all. Names and holders are always bind parameters.
+/// - **The table is checked at the first call** (one catalog query per
+///   backend value and its clones): it needs the columns `name` (unique on
+///   its own: the primary key), `holder`, `expires_at` and `fence` (an
+///   integer, NOT NULL), and an `expires_at` that every user of the table
+///   reads alike (see each backend). Otherwise that call, and every later
+///   one until the table is fixed, fails with [`Error::Schema`], which
+///   names the table, the column and the statement that fixes it — for a
+///   table made for the Go services,
+///   [`fence_migration`](Table::fence_migration).
+/// - **`last_slot` and `value`**, nullable, hold the last schedule slot
+///   claimed ([`Job::once_per`](crate::Job::once_per)) and the value its
+///   holder published (an election's
+///   [`proclaim`](crate::Election::proclaim)). A table without them (made
+///   before 0.1, or for the Go services) serves plain leases; an
+///   acquisition with a slot or a value, and [`Backend::publish`], fail
+///   with [`Error::Schema`] naming the `ALTER TABLE` that adds them
+///   (`migrations/<database>/` has it), and look at the table again at
+///   each such call, so that adding them needs no restart.
+/// - **Force-releasing keeps a lock delay**: [`Backend::force_release`]
+///   empties `holder` (no holder is empty) and keeps `expires_at` and
+///   `fence`, so the evicted holder's renewals fail and nobody is granted
+///   the name before that expiry; [`Backend::force_release_now`] expires
+///   the row at once.
+/// - **Guarded writes**: [`LeaseGuard::check_in`](crate::LeaseGuard::check_in)
+///   in a transaction of the lease's own database.
+/// - **A `fence` column with a default** marks a table *shared* with
+///   services that insert rows without a fence (the Go services during a
+///   migration). Their rows get the fence 0, which the next acquisition
+///   here makes 1 or more.
+/// - A call dropped after its statement reached the server may still take
+///   effect: an acquisition the caller never learned of ends at its ttl, or
+///   is picked up by the same holder's next acquire.
+/// - **Waiting** ([`Backend::released`]): `PgTable` learns of releases by
+///   `NOTIFY`; `MySqlTable` and `SqliteTable` poll.
 ///
-/// **Renewals share your pool.** Renewals and releases take a connection
-/// from the pool the backend was given, like the rest of your program. A job
-/// that holds every connection of that pool (a long transaction on each, a
-/// pool of one) keeps its own lease from being renewed, and loses the lease
-/// at its deadline. Give the pool one connection more than the job uses at
-/// once, or give the backend a small pool of its own. (`PgTable`'s
-/// listener, while some waiter waits, holds one more.)
-///
-/// **Round trips.** Each call checks a connection out of the pool, and by
-/// default sqlx tests an idle connection before handing it out
-/// (`test_before_acquire`): a renewal then costs two round trips, and it must
-/// answer within `ttl/3`. Build the pool with `test_before_acquire(false)` to
-/// make it one; a connection found dead is then reported by the statement
-/// itself, and the engine retries the renewal on another connection.
-///
-/// **An unreachable server.** sqlx retries a refused connection until the
-/// pool's `acquire_timeout` (30 s by default) and only then fails; the
-/// backend then makes one connection attempt of its own to report why
-/// ("connection refused", ...). Give the pool an `acquire_timeout` shorter
-/// than the ttl, or the engine's own limit on an acquisition
-/// (`min(ttl - margin, 30 s)`) ends the call first, and the log reads
-/// "acquire timed out" without the reason.
-///
-/// Cloning is cheap: a pool and reference-counted statements.
+/// **The pool.** Renewals take connections from the backend's pool: a job
+/// that holds all of them loses its lease at its deadline. Give the pool a
+/// connection more than the job uses (`PgTable`'s listener, while a waiter
+/// waits, one more), and an `acquire_timeout` shorter than the ttl (so that
+/// the backend, not the engine's time limit, reports why a connection
+/// failed). With `test_before_acquire(false)` a renewal is one round trip.
+/// Cloning a backend is cheap.
 pub struct Table<D: Dialect> {
     pool: sqlx::Pool<D::Database>,
-    /// The validated table name.
     table: Arc<str>,
-    /// `CREATE TABLE IF NOT EXISTS` for this table.
+    /// [`schema`](Table::schema) and [`fence_migration`](Table::fence_migration).
     create: Arc<str>,
-    /// `ALTER TABLE .. ADD COLUMN fence ..` for this table.
     add_fence: Arc<str>,
-    /// The statements, built at the first call from what the table looks
-    /// like (its column types); shared by clones, so the table is checked
-    /// once per backend value.
-    sql: Arc<tokio::sync::OnceCell<Statements>>,
-    /// What waiters of this backend value share ([`Backend::released`]):
-    /// PostgreSQL's listener, started by the first waiter and stopped when
-    /// the last clone is dropped; nothing for the dialects that poll.
+    /// The statements, once the table was checked; shared by clones.
+    sql: Arc<Checked>,
+    /// PostgreSQL's listener for waiters, started by the first one.
     push: Arc<std::sync::OnceLock<TablePush>>,
 }
 
-/// What a table backend keeps for its waiters: PostgreSQL's listener (the
-/// other dialects poll, and leave it empty).
 #[cfg(feature = "postgres")]
 type TablePush = crate::backend::push::Push<crate::backend::push::pg::PgSource>;
 #[cfg(not(feature = "postgres"))]
 type TablePush = ();
 
+// Not derived: that would ask for `D::Database: Clone`.
 impl<D: Dialect> Clone for Table<D> {
     fn clone(&self) -> Self {
         Self {
@@ -238,7 +130,7 @@ impl<D: Dialect> std::fmt::Debug for Table<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct(D::NAME)
             .field("table", &self.table)
-            .field("checked", &self.sql.initialized())
+            .field("checked", &self.sql.current().is_some())
             .field("pool", &self.pool)
             .finish()
     }
@@ -247,189 +139,421 @@ impl<D: Dialect> std::fmt::Debug for Table<D> {
 /// The SQL dialect of a [`Table`]: PostgreSQL ([`PgDialect`]), MySQL/MariaDB
 /// ([`MySqlDialect`]) or SQLite ([`SqliteDialect`]). Sealed: implemented by
 /// this crate only.
-pub trait Dialect: sealed::Calls {}
+pub trait Dialect: sealed::SqlDialect {}
 
-/// What a dialect provides to the core: its statements and the calls that
-/// bind and run them. Not reachable from outside the crate (the module is
-/// private), so its items may use the crate's own types.
+/// What a dialect gives the core (a private module: its items may use the
+/// crate's own types).
 #[allow(unreachable_pub, private_interfaces, private_bounds)]
 mod sealed {
     use std::future::Future;
     use std::time::Duration;
 
-    use super::{Info, Layout, Ready, Renewal, Table, Templates};
-    use crate::Error;
+    use super::{
+        Dialect, Layout, Ready, RowChange, Table, TableAnswer, TableRenewal, TableRequest,
+        Templates,
+    };
+    use crate::{Error, LeaseInfo};
 
-    pub trait Calls: Sized + Send + Sync + 'static {
-        /// The sqlx database.
+    pub trait SqlDialect: Sized + Send + Sync + 'static {
         type Database: sqlx::Database;
         /// The backend's type name, for `Debug`.
         const NAME: &'static str;
-        /// The statements, with `{table}` for the table name and the
-        /// placeholders of a [`Layout`].
-        const TEMPLATES: Templates;
-        /// The DDL of the default table as a migration file (see
-        /// [`Table::SCHEMA`]).
+        /// The statement that creates `task_leases` ([`Table::SCHEMA`]).
         const SCHEMA: &'static str;
-        /// Renewal batches run concurrently (one after the other if not).
-        const CONCURRENT_BATCHES: bool;
+        /// The migration that adds `fence` to the Go services' `task_leases`.
+        const ADD_FENCE: &'static str;
+        /// The statements that add `last_slot` and `value` to an older
+        /// `task_leases` (together, `migrations/<database>/000N_add_last_slot_and_value.sql`).
+        const ADD_LAST_SLOT: &'static str;
+        const ADD_VALUE: &'static str;
+        const TEMPLATES: Templates;
+        /// A batched renewal takes leases of one ttl only (MySQL).
+        const ONE_TTL_PER_BATCH: bool = false;
 
-        /// The layout of the table `ensure_schema` creates.
-        fn default_layout() -> Layout;
-        /// Look at the table (once, before the first statement): the
-        /// [`Layout`] its statements are built for, or
-        /// [`Error::Schema`] when it cannot be used.
+        /// Check the table before its first statement: the SQL for the
+        /// placeholders of its statements, or [`Error::Schema`].
         fn inspect(t: &Table<Self>) -> impl Future<Output = Result<Layout, Error>> + Send
         where
-            Self: super::Dialect;
+            Self: Dialect;
         /// Create the table if it does not exist.
         fn create(t: &Table<Self>) -> impl Future<Output = Result<(), sqlx::Error>> + Send
         where
-            Self: super::Dialect;
-        /// The acquire statement: the fence of the grant, or `None` when
-        /// another holder has a live lease.
+            Self: Dialect;
+        /// The fence of the grant, or `None`: another holder has a live lease.
         fn acquire(
-            t: Ready<'_, Self>,
+            t: &Ready<'_, Self>,
             name: &str,
             holder: &str,
             ttl_ms: i64,
-        ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// The renew statement: whether it matched a live row.
-        fn renew(
-            t: Ready<'_, Self>,
-            lease: Renewal<'_>,
-            holder: &str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// The release statement.
-        fn release(
-            t: Ready<'_, Self>,
-            name: &str,
-            holder: &str,
-            fence: Option<i64>,
-        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// Renew `leases` (of `holder`, at most [`super::RENEW_MANY_CHUNK`])
-        /// in one statement (or as few as the dialect allows); which were
-        /// renewed, in order.
+        ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send;
+        /// An acquisition with a slot or a value (the `acquire_with` template).
+        fn acquire_with(
+            t: &Ready<'_, Self>,
+            claim: &TableRequest<'_>,
+        ) -> impl Future<Output = Result<TableAnswer, sqlx::Error>> + Send;
+        /// Renew `leases` of `holder` (at most `MAX_BATCH`, of one ttl if
+        /// `ONE_TTL_PER_BATCH`) in one statement; which were renewed.
         fn renew_batch(
-            t: Ready<'_, Self>,
+            t: &Ready<'_, Self>,
             holder: &str,
-            leases: &[Renewal<'_>],
-        ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send
+            leases: &[TableRenewal<'_>],
+        ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send;
+        /// One statement that changes the row of `name`; whether it did.
+        fn change(
+            t: &Ready<'_, Self>,
+            name: &str,
+            change: RowChange<'_>,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send;
+        /// The row of `name` (inspect), or every row by name (`None`: list).
+        fn rows(
+            t: &Ready<'_, Self>,
+            name: Option<&str>,
+        ) -> impl Future<Output = Result<Vec<LeaseInfo>, sqlx::Error>> + Send;
+        /// The database the backend's connections use, when its options
+        /// name it: [`LeaseGuard::check_in`](crate::LeaseGuard::check_in)
+        /// refuses a connection to another one.
+        fn database(t: &Table<Self>) -> Option<String>
         where
-            Self: super::Dialect;
-        /// An error after which the server rolled the statement back and it
-        /// may simply be run again (none, unless the dialect says so).
+            Self: Dialect,
+        {
+            let _ = t;
+            None
+        }
+        /// The server rolled the statement back, and it may be run again.
         fn is_transient(e: &sqlx::Error) -> bool {
             let _ = e;
             false
         }
-        /// The `info` statement: the row of `name`, if there is one.
-        fn info(
-            t: Ready<'_, Self>,
-            name: &str,
-        ) -> impl Future<Output = Result<Option<Info>, sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// The `list` statement: every row, by name.
-        fn list(
-            t: Ready<'_, Self>,
-        ) -> impl Future<Output = Result<Vec<(String, Info)>, sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// The `force_release` statement: whether it expired a live row.
-        fn force_release(
-            t: Ready<'_, Self>,
-            name: &str,
-        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send
-        where
-            Self: super::Dialect;
-        /// [`Backend::released`](crate::Backend::released): polls, unless
-        /// the dialect's server pushes releases.
+        /// [`Backend::released`](crate::Backend::released): a poll, unless
+        /// the server pushes releases.
         fn released(
             t: &Table<Self>,
             name: &str,
             poll: Duration,
         ) -> impl Future<Output = ()> + Send + 'static
         where
-            Self: super::Dialect,
+            Self: Dialect,
         {
             let _ = (t, name);
             tokio::time::sleep(poll)
         }
     }
-}
 
-/// A checked table's pool and statements: what the statement calls need.
-pub(crate) struct Ready<'a, D: Dialect> {
-    pub(crate) pool: &'a sqlx::Pool<D::Database>,
-    pub(crate) sql: &'a Statements,
-}
-
-impl<D: Dialect> Clone for Ready<'_, D> {
-    fn clone(&self) -> Self {
-        *self
+    /// A connection [`check_in`](crate::LeaseGuard::check_in) runs its
+    /// statement on, and the dialect of the tables it can check.
+    pub trait CheckInConnection: Send {
+        type Dialect: Dialect;
+        /// Run `sql` (the `check_in` template) on this connection for the
+        /// acquisition `(name, holder, fence)`: `Some(database)` if it holds
+        /// the lease, now locked until the transaction ends.
+        fn check_in(
+            &mut self,
+            sql: &str,
+            name: &str,
+            holder: &str,
+            fence: Option<i64>,
+        ) -> impl Future<Output = Result<Option<String>, sqlx::Error>> + Send;
     }
 }
 
-impl<D: Dialect> Copy for Ready<'_, D> {}
+/// A connection on which a lease's holder can check in, in the caller's
+/// transaction ([`LeaseGuard::check_in`](crate::LeaseGuard::check_in),
+/// [`Term::check_in`](crate::Term::check_in)): `sqlx::PgConnection`
+/// (feature `postgres`), `sqlx::MySqlConnection` (`mysql`) and
+/// `sqlx::SqliteConnection` (`sqlite`) — what a sqlx `Transaction` derefs
+/// to. Sealed: implemented by this crate only.
+pub trait CheckIn: sealed::CheckInConnection {}
+
+/// The acquisition of [`Backend::acquire_with`], as bound.
+#[derive(Debug, Clone, Copy)]
+struct TableRequest<'a> {
+    name: &'a str,
+    holder: &'a str,
+    ttl_ms: i64,
+    /// The slot's period in milliseconds, `None` without `once_per`.
+    period_ms: Option<i64>,
+    /// `once_per` with `retry_failed`: the slot is not recorded now.
+    retry_failed: bool,
+    value: Option<&'a str>,
+}
+
+/// What an `acquire_with` statement read and did.
+#[derive(Debug, Clone, Copy, Default)]
+struct TableAnswer {
+    /// The fence of the grant; `None`: refused.
+    fence: Option<i64>,
+    /// The slot of the request, by the server's clock.
+    slot: Option<i64>,
+    /// The slot recorded for the name before the request.
+    last_slot: Option<i64>,
+    /// Microseconds left of another holder's lease (positive: live).
+    others_left_us: Option<i64>,
+}
+
+impl TableAnswer {
+    /// Refused by what was read: the slot was recorded, or another holder
+    /// has a live lease (MySQL and SQLite then write nothing).
+    #[cfg(any(feature = "mysql", feature = "sqlite"))]
+    fn refused(&self) -> bool {
+        self.ran() || self.others_left_us.is_some_and(|us| us > 0)
+    }
+
+    fn ran(&self) -> bool {
+        matches!((self.slot, self.last_slot), (Some(slot), Some(last)) if slot <= last)
+    }
+
+    fn acquired(self) -> Result<Acquired, Error> {
+        let slot = |s: i64| s.max(0).unsigned_abs();
+        Ok(match (self.fence, self.slot) {
+            (Some(fence), at) => {
+                let grant = Grant::new(Some(fence_token(fence)?));
+                Acquired::Granted(match at {
+                    Some(at) => grant.with_slot(slot(at), self.last_slot.map(slot)),
+                    None => grant,
+                })
+            }
+            (None, Some(at)) if self.ran() => Acquired::AlreadyRan { slot: slot(at) },
+            (None, _) => Acquired::HeldElsewhere {
+                expires_in: self.others_left_us.and_then(left),
+            },
+        })
+    }
+}
+
+/// A change of one row, each one statement of the dialect.
+#[derive(Debug, Clone, Copy)]
+enum RowChange<'a> {
+    /// Expire the live row of the acquisition `(holder, fence)`.
+    Release(&'a str, Option<i64>),
+    /// Release, and record the slot (never lowering it) in any case.
+    ReleaseRan(&'a str, Option<i64>, i64),
+    /// Set the value of the live row of the acquisition.
+    Publish(&'a str, Option<i64>, Option<&'a str>),
+    /// Empty the holder of the live row, keeping its expiry (the lock delay).
+    Evict,
+    /// Expire the live row, whoever holds it.
+    EvictNow,
+}
+
+/// A checked table's pool and statements: what the calls need.
+struct Ready<'a, D: sealed::SqlDialect> {
+    pool: &'a sqlx::Pool<D::Database>,
+    sql: Arc<Statements>,
+}
 
 /// One lease of a renewal, as bound: name, ttl in milliseconds, fence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Renewal<'a> {
-    pub(crate) name: &'a str,
-    pub(crate) ttl_ms: i64,
-    pub(crate) fence: Option<i64>,
+#[derive(Debug, Clone, Copy)]
+struct TableRenewal<'a> {
+    name: &'a str,
+    ttl_ms: i64,
+    fence: Option<i64>,
 }
 
-/// The row of a lease as the `info` statement reads it: the holder, the
-/// fence, and the microseconds until another holder may take it, by the
-/// server's clock (zero or less: expired or released).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Info {
-    pub(crate) holder: String,
-    pub(crate) fence: i64,
-    pub(crate) left_us: Option<i64>,
+/// A dialect's statements, with `{table}` for the table name and the
+/// placeholders its [`Layout`] fills in. The core fills in those of the
+/// optional columns: `{value}` and `{last_slot}` (the column, or `NULL`
+/// when the table lacks it) and `{clear_value}` (`, value = NULL`, or
+/// nothing).
+struct Templates {
+    acquire: &'static str,
+    /// An acquisition with a slot or a value (it needs both columns):
+    /// PostgreSQL's reads, decides and answers in one statement; MySQL's
+    /// and SQLite's decide again what `probe` read. MySQL's updates the
+    /// row, and `acquire_new` inserts it when `probe` found none.
+    acquire_with: &'static str,
+    probe: &'static str,
+    acquire_new: &'static str,
+    release: &'static str,
+    release_ran: &'static str,
+    publish: &'static str,
+    /// Empty the holder of the live row of the name bound (lock delay).
+    force_release: &'static str,
+    /// Expire the live row of the name bound, whoever holds it.
+    force_release_now: &'static str,
+    /// Name, holder, fence, the microseconds until another holder may take
+    /// the lease, value and last slot: of the name bound (`info`), of every
+    /// row (`list`).
+    info: &'static str,
+    list: &'static str,
+    /// With a `list_item`, `{list}` stands for one per lease, and a
+    /// statement is built per length in [`LIST_SIZES`].
+    renew_many: &'static str,
+    /// MySQL only (else empty): which of a batch's leases are ours and live.
+    renewed_many: &'static str,
+    list_item: &'static str,
+    /// The database's name if the acquisition bound holds the lease, which
+    /// is then locked until the transaction ends.
+    check_in: &'static str,
 }
 
-impl Info {
-    fn into_lease_info(self, name: &str) -> LeaseInfo {
-        let expires_in = self
-            .left_us
-            .and_then(|us| u64::try_from(us).ok())
-            .filter(|&us| us > 0)
-            .map(Duration::from_micros);
-        // 0: a row the Go services inserted, which has no fence yet.
-        let fence = u64::try_from(self.fence).ok().filter(|&f| f > 0);
-        LeaseInfo::new(name, self.holder, expires_in, fence)
+/// The SQL for each placeholder of a dialect's templates, chosen from the
+/// table's time column: which clock, and for a coarse column how expiries
+/// are padded and liveness judged; and which optional columns it has.
+/// Every value comes from this crate.
+#[derive(Debug)]
+struct Layout {
+    fills: Vec<(&'static str, String)>,
+    columns: OptionalColumns,
+}
+
+/// The columns a table may lack and still serve plain leases.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct OptionalColumns {
+    last_slot: bool,
+    value: bool,
+}
+
+impl OptionalColumns {
+    const VALUE: Self = Self {
+        last_slot: false,
+        value: true,
+    };
+    const BOTH: Self = Self {
+        last_slot: true,
+        value: true,
+    };
+
+    fn has(self, needs: Self) -> bool {
+        (self.last_slot || !needs.last_slot) && (self.value || !needs.value)
     }
+}
+
+/// `template` with `table` and `layout` filled in. The table name is the
+/// only text not from this crate, and it was validated ([`validate::table`]):
+/// no quote, comment, `;` or placeholder.
+fn fill(template: &str, table: &str, layout: &Layout) -> Arc<str> {
+    let column = |has: bool, sql: &str, or: &str| if has { sql } else { or }.to_owned();
+    let OptionalColumns { last_slot, value } = layout.columns;
+    let optional = [
+        ("{value}", column(value, "value", "NULL")),
+        ("{last_slot}", column(last_slot, "last_slot", "NULL")),
+        ("{clear_value}", column(value, ", value = NULL", "")),
+    ];
+    let mut sql = template.replace("{table}", table);
+    for (placeholder, fill) in layout.fills.iter().chain(&optional) {
+        sql = sql.replace(placeholder, fill);
+    }
+    debug_assert!(!sql.contains('{'), "BUG: a placeholder left in {sql}");
+    sql.into()
+}
+
+/// The statements of one table: its dialect's [`Templates`], filled.
+#[derive(Debug)]
+struct Statements {
+    acquire: Arc<str>,
+    acquire_with: Arc<str>,
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    probe: Arc<str>,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    acquire_new: Arc<str>,
+    release: Arc<str>,
+    release_ran: Arc<str>,
+    publish: Arc<str>,
+    force_release: Arc<str>,
+    force_release_now: Arc<str>,
+    info: Arc<str>,
+    list: Arc<str>,
+    /// One per length in [`LIST_SIZES`], or a single statement.
+    renew_many: Vec<Arc<str>>,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    renewed_many: Vec<Arc<str>>,
+    check_in: Arc<str>,
+    columns: OptionalColumns,
+}
+
+impl Statements {
+    fn new(templates: &Templates, table: &str, layout: &Layout) -> Self {
+        let fill = |template: &str| fill(template, table, layout);
+        let lists = |template: &str| match (template, templates.list_item) {
+            ("", _) => Vec::new(),
+            (template, "") => vec![fill(template)],
+            (template, item) => LIST_SIZES
+                .iter()
+                .map(|&n| fill(&template.replace("{list}", &vec![item; n].join(", "))))
+                .collect(),
+        };
+        Self {
+            acquire: fill(templates.acquire),
+            acquire_with: fill(templates.acquire_with),
+            probe: fill(templates.probe),
+            acquire_new: fill(templates.acquire_new),
+            release: fill(templates.release),
+            release_ran: fill(templates.release_ran),
+            publish: fill(templates.publish),
+            force_release: fill(templates.force_release),
+            force_release_now: fill(templates.force_release_now),
+            info: fill(templates.info),
+            list: fill(templates.list),
+            renew_many: lists(templates.renew_many),
+            renewed_many: lists(templates.renewed_many),
+            check_in: fill(templates.check_in),
+            columns: layout.columns,
+        }
+    }
+}
+
+/// The statements of a table once checked ([`Table::ready_for`]), and the
+/// lock that lets one call at a time check it.
+#[derive(Default)]
+struct Checked {
+    statements: std::sync::RwLock<Option<Arc<Statements>>>,
+    checking: tokio::sync::Mutex<()>,
+}
+
+impl Checked {
+    fn current(&self) -> Option<Arc<Statements>> {
+        // Written whole under the lock: a poisoned lock is still consistent.
+        self.statements
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// The list lengths of the batched statements: a batch is padded to the
+/// next one by repeating its last lease, so that a connection prepares at
+/// most 11 variants of the statement.
+const LIST_SIZES: [usize; 11] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, MAX_BATCH];
+
+/// The index in [`LIST_SIZES`] of the shortest list that takes `n` leases.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn list_size(n: usize) -> usize {
+    LIST_SIZES
+        .iter()
+        .position(|&size| size >= n)
+        .expect("BUG: a batch larger than MAX_BATCH")
+}
+
+/// The table used by `new(pool)`.
+const DEFAULT_TABLE: &str = "task_leases";
+
+/// `migration` (a file's text, on `task_leases`) as a statement on `table`.
+fn migration_for(migration: &str, table: &str) -> Arc<str> {
+    let statement = migration.strip_suffix(";\n").expect("BUG: not a migration");
+    let default = format!(" {DEFAULT_TABLE} ");
+    debug_assert_eq!(statement.matches(&default).count(), 1, "{statement}");
+    statement
+        .replacen(&default, &format!(" {table} "), 1)
+        .into()
 }
 
 impl<D: Dialect> Table<D> {
-    /// The DDL of the default table, `task_leases`, as a migration file: the
-    /// `CREATE TABLE IF NOT EXISTS` that [`ensure_schema`](Table::ensure_schema)
-    /// runs, then `;` and a newline — the text of
-    /// `migrations/{postgres,mysql,sqlite}/0001_task_leases.sql` in the
-    /// repository (a test holds them equal).
-    ///
-    /// Add it to your own migrations (sqlx-cli, refinery, ...) when the
-    /// application's database user may not create tables. For a table named
-    /// with [`with_table`](Table::with_table), use [`schema`](Table::schema).
+    /// The DDL of the default table, `task_leases`: the `CREATE TABLE IF NOT
+    /// EXISTS` that [`ensure_schema`](Table::ensure_schema) runs, then `;`
+    /// and a newline. It makes the table that the files in
+    /// `migrations/<database>/` make together: `0001_task_leases.sql`, and
+    /// `000N_add_last_slot_and_value.sql` for a table made before (the
+    /// columns of [`Job::once_per`](crate::Job::once_per) and
+    /// [`Election::proclaim`](crate::Election::proclaim)). Add it to your
+    /// own migrations when the application's database user may not create
+    /// tables; for another table, use [`schema`](Table::schema).
     ///
     /// # Examples
     ///
     /// ```
-    /// use lease::backend::PgTable;
+    /// use leasehold::backend::PgTable;
     ///
-    /// // The text of a migration file (sqlx-cli, refinery, ...):
     /// assert!(PgTable::SCHEMA.starts_with("CREATE TABLE IF NOT EXISTS task_leases ("));
-    ///
-    /// // Or run it yourself, once, as a user that may create tables:
     /// # async fn f(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
     /// sqlx::raw_sql(PgTable::SCHEMA).execute(&pool).await?;
     /// # Ok(()) }
@@ -440,29 +564,17 @@ impl<D: Dialect> Table<D> {
     ///
     /// Nothing is sent to the server until the first call; create the table
     /// with [`ensure_schema`](Self::ensure_schema) or a migration.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use lease::backend::PgTable;
-    ///
-    /// # async fn f() -> Result<(), lease::Error> {
-    /// let table = PgTable::new(sqlx::PgPool::connect("postgres://localhost/app").await?);
-    /// assert_eq!(table.table(), "task_leases");
-    /// # Ok(()) }
-    /// ```
     pub fn new(pool: sqlx::Pool<D::Database>) -> Self {
         Self::on(pool, DEFAULT_TABLE).expect("BUG: the default table name is valid")
     }
 
-    /// A backend on `table` (validated) of `pool`'s database.
     fn on(pool: sqlx::Pool<D::Database>, table: &str) -> Result<Self, Error> {
         validate::table(table)?;
         Ok(Self {
             pool,
             table: table.into(),
-            create: fill(D::TEMPLATES.create, table, &Layout::NONE),
-            add_fence: fill(D::TEMPLATES.add_fence, table, &Layout::NONE),
+            create: migration_for(D::SCHEMA, table),
+            add_fence: migration_for(D::ADD_FENCE, table),
             sql: Arc::default(),
             push: Arc::default(),
         })
@@ -474,17 +586,6 @@ impl<D: Dialect> Table<D> {
     /// twice separated by one `.`; it is used unquoted (PostgreSQL folds it to
     /// lower case). A schema (MySQL: a database) must already exist.
     ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// use lease::backend::PgTable;
-    ///
-    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
-    /// let table = PgTable::new(pool).with_table("jobs.leases")?;
-    /// table.ensure_schema().await?;
-    /// # Ok(()) }
-    /// ```
-    ///
     /// # Errors
     ///
     /// [`Error::InvalidTable`] when `table` is not such a name.
@@ -492,21 +593,11 @@ impl<D: Dialect> Table<D> {
         Self::on(self.pool, table)
     }
 
-    /// Creates the table if it does not exist.
+    /// Creates the table if it does not exist, with [`schema`](Self::schema).
     ///
     /// Idempotent, and safe to call from many connections or processes at
-    /// once. It never touches sqlx's `_sqlx_migrations` table. The DDL is
-    /// [`schema`](Self::schema); for the default table it is the `SCHEMA` of
-    /// the backend ([`PgTable::SCHEMA`](crate::backend::PgTable::SCHEMA),
-    /// ...), the dialect's file in `migrations/`.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
-    /// lease::backend::PgTable::new(pool).ensure_schema().await?;
-    /// # Ok(()) }
-    /// ```
+    /// once. It never alters an existing table, and never touches sqlx's
+    /// `_sqlx_migrations` table.
     ///
     /// # Errors
     ///
@@ -516,46 +607,15 @@ impl<D: Dialect> Table<D> {
         explain(&self.pool, D::create(self).await).await
     }
 
-    /// The pool this backend runs its statements on.
-    ///
-    /// Use it for your own queries, for example to see who holds what.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn f(table: lease::backend::PgTable) -> Result<(), lease::Error> {
-    /// let holders: Vec<(String, String, i64)> = sqlx::query_as(
-    ///     "SELECT name, holder, fence FROM task_leases WHERE expires_at > clock_timestamp()",
-    /// )
-    /// .fetch_all(table.pool())
-    /// .await?;
-    /// # Ok(()) }
-    /// ```
+    /// The pool this backend runs its statements on; use it for your own
+    /// queries, for example to see who holds what.
     pub fn pool(&self) -> &sqlx::Pool<D::Database> {
         &self.pool
     }
 
-    /// The statement that creates this backend's table:
-    /// `CREATE TABLE IF NOT EXISTS {table} (..)`, as
-    /// [`ensure_schema`](Self::ensure_schema) runs it.
-    ///
-    /// For the default table, `task_leases`, it is the backend's `SCHEMA`
-    /// constant ([`PgTable::SCHEMA`](crate::backend::PgTable::SCHEMA),
-    /// [`MySqlTable::SCHEMA`](crate::backend::MySqlTable::SCHEMA),
-    /// [`SqliteTable::SCHEMA`](crate::backend::SqliteTable::SCHEMA)) without
-    /// its closing `;` and newline; for a table named with
-    /// [`with_table`](Self::with_table), the same with that name. Run it with
-    /// your migration tool when the application's database user may not
-    /// create tables.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
-    /// let table = lease::backend::PgTable::new(pool).with_table("jobs.leases")?;
-    /// assert!(table.schema().starts_with("CREATE TABLE IF NOT EXISTS jobs.leases ("));
-    /// # Ok(()) }
-    /// ```
+    /// The statement that creates this backend's table, as
+    /// [`ensure_schema`](Self::ensure_schema) runs it: the backend's `SCHEMA`
+    /// on this table, without its closing `;` and newline.
     pub fn schema(&self) -> &str {
         &self.create
     }
@@ -568,60 +628,85 @@ impl<D: Dialect> Table<D> {
 
     /// The statement that adds the `fence` column to a table made for the
     /// Go services (`name`, `holder`, `expires_at`), for this backend's
-    /// table: `ALTER TABLE {table} ADD COLUMN .. fence BIGINT NOT NULL DEFAULT 0`.
+    /// table: `ALTER TABLE {table} ADD COLUMN .. fence BIGINT NOT NULL DEFAULT 0`
+    /// (for `task_leases`, the file `migrations/from-go/<database>/0001_add_fence.sql`).
     ///
-    /// For `task_leases` it is the file `migrations/from-go/<database>/0001_add_fence.sql`.
-    /// Existing rows, and rows the Go services insert, get the fence 0; the
-    /// next acquisition through this crate makes it 1 or more. The default
-    /// also tells this crate that the table is shared with services that
-    /// insert rows without a fence: see "Migrating from the Go packages" in
-    /// the README for what that changes and when to drop it.
-    ///
-    /// Run it with your migration tool or yourself; the backend never
-    /// alters a table. A backend on a table without the column answers its
-    /// first call with [`Error::Schema`], which quotes this statement.
-    ///
-    /// # Examples
-    ///
-    /// ```no_run
-    /// # async fn f(pool: sqlx::PgPool) -> Result<(), lease::Error> {
-    /// let table = lease::backend::PgTable::new(pool);
-    /// assert_eq!(
-    ///     table.fence_migration(),
-    ///     "ALTER TABLE task_leases ADD COLUMN IF NOT EXISTS fence BIGINT NOT NULL DEFAULT 0"
-    /// );
-    /// # Ok(()) }
-    /// ```
+    /// Rows the Go services insert get the fence 0, and the default marks
+    /// the table as shared (see [`Table`] and "Migrating from the Go
+    /// packages" in the README). The backend never alters a table: on one
+    /// without the column, its calls fail with [`Error::Schema`], which
+    /// quotes this statement.
     pub fn fence_migration(&self) -> &str {
         &self.add_fence
     }
 
-    /// The statements, and with them the pool: built at the first call,
-    /// after looking at the table ([`sealed::Calls::inspect`]); a call that
-    /// fails to look (the server is unreachable, the table is unusable)
-    /// leaves it to the next call to try again.
+    /// The pool and the statements, built once the dialect has checked the
+    /// table; a call that fails to check it leaves it to the next.
     async fn ready(&self) -> Result<Ready<'_, D>, Error> {
-        let sql = match self.sql.get() {
-            Some(sql) => sql,
-            None => {
-                self.sql
-                    .get_or_try_init(|| async {
+        self.ready_for(OptionalColumns::default()).await
+    }
+
+    /// [`ready`](Self::ready), for a call that `needs` optional columns: if
+    /// the table lacked one, it is checked again (an operator may have
+    /// added it since), and if it still lacks it the call fails with
+    /// [`Error::Schema`] naming the `ALTER TABLE` that adds it.
+    async fn ready_for(&self, needs: OptionalColumns) -> Result<Ready<'_, D>, Error> {
+        let seen = self.sql.current();
+        let sql = match seen {
+            Some(sql) if sql.columns.has(needs) => sql,
+            seen => {
+                let _one = self.sql.checking.lock().await;
+                match self.sql.current() {
+                    // Checked by another call while this one waited.
+                    Some(sql) if seen.as_ref().is_none_or(|s| !Arc::ptr_eq(s, &sql)) => sql,
+                    _ => {
                         let layout = D::inspect(self).await?;
-                        Ok::<_, Error>(Statements::new(&D::TEMPLATES, &self.table, &layout))
-                    })
-                    .await?
+                        let sql = Arc::new(Statements::new(&D::TEMPLATES, &self.table, &layout));
+                        let statements = self.sql.statements.write();
+                        *statements.unwrap_or_else(|e| e.into_inner()) = Some(sql.clone());
+                        sql
+                    }
+                }
             }
         };
+        if !sql.columns.has(needs) {
+            return Err(self.lacks(needs, sql.columns));
+        }
         Ok(Ready {
             pool: &self.pool,
             sql,
         })
     }
 
-    /// Runs one autocommit statement, again after a transient error (the
-    /// server rolled it back, so it is safe to run again; at most
-    /// [`ATTEMPTS`] times in all, with a short random backoff), and explains
-    /// a connection that could not be opened.
+    /// [`Error::Schema`]: the table has not the optional columns a call `needs`.
+    fn lacks(&self, needs: OptionalColumns, has: OptionalColumns) -> Error {
+        let missing = [
+            (
+                needs.last_slot && !has.last_slot,
+                "last_slot",
+                D::ADD_LAST_SLOT,
+            ),
+            (needs.value && !has.value, "value", D::ADD_VALUE),
+        ];
+        let (columns, fixes): (Vec<&str>, Vec<String>) = (missing.iter())
+            .filter(|(lacked, ..)| *lacked)
+            .map(|&(_, column, add)| (column, format!("`{}`", migration_for(add, &self.table))))
+            .unzip();
+        let problem = format!(
+            "it has no column {}: last_slot records the schedule slots runs claimed (once_per), \
+             value what a holder publishes (an election's proclaim); an acquisition with either \
+             needs both",
+            columns.join(" and no column ")
+        );
+        refused(
+            &self.table,
+            &problem,
+            &format!("run {}", fixes.join(" and ")),
+        )
+    }
+
+    /// Runs one autocommit statement, again after a transient error, at
+    /// most [`ATTEMPTS`] times in all.
     async fn run<T, F, Fut>(&self, statement: F) -> Result<T, Error>
     where
         F: Fn() -> Fut,
@@ -644,395 +729,262 @@ impl<D: Dialect> Table<D> {
     }
 }
 
-impl<D: Dialect> Table<D> {
-    /// Renew the leases `at` (positions in `renewals`) of `holder`;
-    /// `(position, renewed)` for each.
-    async fn renew_chunk(
-        &self,
-        t: Ready<'_, D>,
-        holder: &str,
-        at: &[usize],
-        renewals: &[Renewal<'_>],
-    ) -> Result<Vec<(usize, bool)>> {
-        let batch: Vec<Renewal<'_>> = at.iter().map(|&i| renewals[i]).collect();
-        let renewed = self.run(|| D::renew_batch(t, holder, &batch)).await?;
-        Ok(at.iter().copied().zip(renewed).collect())
-    }
-}
-
 /// How many times a statement is tried when the server reports a transient
 /// error (an InnoDB deadlock or lock wait timeout).
 const ATTEMPTS: u32 = 6;
 
 impl<D: Dialect> Backend for Table<D> {
-    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<Grant>, Error> {
         let ttl_ms = check(name, holder, ttl)?;
         let t = self.ready().await?;
-        let fence = self.run(|| D::acquire(t, name, holder, ttl_ms)).await?;
+        let fence = self.run(|| D::acquire(&t, name, holder, ttl_ms)).await?;
         fence
             .map(|f| Ok(Grant::new(Some(fence_token(f)?))))
             .transpose()
     }
 
-    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool> {
-        let renewal = Renewal {
-            name: lease.name,
-            ttl_ms: check(lease.name, lease.holder, ttl)?,
-            fence: fence_param(lease.fencing_token),
+    /// One statement on PostgreSQL. MySQL and SQLite read first (MySQL has
+    /// no `RETURNING`, SQLite's returns nothing when it refuses): a refusal
+    /// is that read; a grant one more statement, which decides again.
+    /// Without a slot or a value, [`acquire`](Backend::acquire). The slot
+    /// is by the server's clock (SQLite: the host's, read in SQL);
+    /// [`Error::Schema`] on a table without `last_slot` and `value`.
+    async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
+        let Request {
+            name,
+            holder,
+            ttl,
+            once_per,
+            value,
+            ..
+        } = request;
+        let ttl_ms = check(name, holder, ttl)?;
+        if let Some(once_per) = once_per {
+            validate::once_per(once_per.period)?;
+        }
+        if let Some(value) = value {
+            validate::value(value)?;
+        } else if once_per.is_none() {
+            let grant = self.acquire(name, holder, ttl).await?;
+            let held = Acquired::HeldElsewhere { expires_in: None };
+            return Ok(grant.map_or(held, Acquired::Granted));
+        }
+        let claim = TableRequest {
+            name,
+            holder,
+            ttl_ms,
+            // At most 366 days in milliseconds.
+            period_ms: once_per.map(|o| i64::try_from(o.period_ms()).unwrap_or(i64::MAX)),
+            retry_failed: once_per.is_some_and(|o| o.retry_failed),
+            value,
         };
-        let t = self.ready().await?;
-        self.run(|| D::renew(t, renewal, lease.holder)).await
+        let t = self.ready_for(OptionalColumns::BOTH).await?;
+        let answer = self.run(|| D::acquire_with(&t, &claim)).await?;
+        answer.acquired()
     }
 
-    async fn release(&self, lease: Acquisition<'_>) -> Result<()> {
+    /// The batched renewal's statement, for one lease.
+    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
+        let renewed = self.renew_many(&[(lease, ttl)]).await?;
+        Ok(renewed == [true])
+    }
+
+    /// One `UPDATE` that expires the row (and clears its value).
+    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
+        let change = RowChange::Release(lease.holder, fence_param(lease.fencing_token));
+        self.change(lease.name, change, OptionalColumns::default())
+            .await
+            .map(drop)
+    }
+
+    /// One `UPDATE`: a release, and `last_slot` raised to `slot`.
+    async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        let slot = i64::try_from(slot)
+            .map_err(|_| Error::Protocol(format!("slot {slot} is beyond a BIGINT column")))?;
         let fence = fence_param(lease.fencing_token);
-        let t = self.ready().await?;
-        self.run(|| D::release(t, lease.name, lease.holder, fence))
+        let change = RowChange::ReleaseRan(lease.holder, fence, slot);
+        self.change(lease.name, change, OptionalColumns::BOTH)
+            .await
+            .map(drop)
+    }
+
+    /// One `UPDATE` of the live row of `lease`; `PgTable` notifies waiters
+    /// and observers, as a release does.
+    async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
+        validate::call_no_ttl(lease.name, lease.holder)?;
+        if let Some(value) = value {
+            validate::value(value)?;
+        }
+        let fence = fence_param(lease.fencing_token);
+        let change = RowChange::Publish(lease.holder, fence, value);
+        self.change(lease.name, change, OptionalColumns::VALUE)
             .await
     }
 
-    /// One `SELECT` of the lease's row: its holder (the last one, if it has
-    /// expired or was released), fence, and the time until another holder
-    /// may take it, by the server's clock — for a coarse `expires_at`
-    /// column that is up to a step after its stored expiry (see each
-    /// dialect). `Ok(None)` when the table has no row for `name` (never
-    /// acquired here, or deleted by the Go services' release).
-    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>> {
+    /// One `SELECT` of the lease's row: its holder (the last one, once
+    /// released or expired), fence, the time until another holder may
+    /// take it by the statements' clock, its value while held, and its
+    /// last slot. `Ok(None)` without a row (never acquired here, or deleted
+    /// by the Go services' release).
+    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
         let t = self.ready().await?;
-        let row = self.run(|| D::info(t, name)).await?;
-        Ok(row.map(|info| info.into_lease_info(name)))
+        let rows = self.run(|| D::rows(&t, Some(name))).await?;
+        Ok(rows.into_iter().next())
     }
 
-    /// One `SELECT` of every row of the table, ordered by name, each as
-    /// [`inspect`](Backend::inspect) reads it: released and expired rows
-    /// too (with `expires_in: None`). A table keeps a row for every name
-    /// ever acquired in it, so the list grows with the names (one per
-    /// tenant, ...), not with the leases held.
-    async fn list(&self) -> Result<Vec<LeaseInfo>> {
+    /// One `SELECT` of every row, ordered by name, released and expired
+    /// ones too (`expires_in: None`): a table keeps a row for every name
+    /// ever acquired in it.
+    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
         let t = self.ready().await?;
-        let rows = self.run(|| D::list(t)).await?;
-        Ok(rows
-            .into_iter()
-            .map(|(name, info)| info.into_lease_info(&name))
-            .collect())
+        self.run(|| D::rows(&t, None)).await
     }
 
-    /// One `UPDATE` that expires the live row of `name` as a release does
-    /// (`expires_at` at the epoch), whoever holds it; the fence is kept, so
-    /// the next acquisition gets a larger fencing token. The evicted holder
-    /// finds out at its next renewal, which matches no live row: its token
-    /// is cancelled then. `PgTable` notifies the table's channel, as a
-    /// release does, so waiters take it at once. `Ok(false)` when no live
-    /// row was there (free, released, expired, or no row).
-    async fn force_release(&self, name: &str) -> Result<bool> {
+    /// One `UPDATE` that empties the holder of the live row of `name` (no
+    /// holder is empty) and keeps its expiry and fence: the evicted
+    /// holder's renewals fail, and nobody is granted the name before that
+    /// expiry. `PgTable` notifies waiters, as a release does. `Ok(false)`
+    /// when no live, held row was there.
+    async fn force_release(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
-        let t = self.ready().await?;
-        self.run(|| D::force_release(t, name)).await
+        self.change(name, RowChange::Evict, OptionalColumns::default())
+            .await
     }
 
-    /// PostgreSQL: a notification on the table's channel, about one round
-    /// trip after the release (see [`PgTable`](crate::backend::PgTable));
-    /// MySQL and SQLite: `poll`.
+    /// One `UPDATE` that expires the live row of `name` as a release does,
+    /// whoever holds it; the fence is kept.
+    async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
+        validate::name(name)?;
+        self.change(name, RowChange::EvictNow, OptionalColumns::default())
+            .await
+    }
+
+    /// PostgreSQL: a notification on the table's channel (see
+    /// [`PgTable`](crate::backend::PgTable)); MySQL and SQLite: `poll`.
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         D::released(self, name, poll)
     }
 
-    /// One statement per holder and 1,000 leases (MySQL: per holder, ttl
-    /// and 1,000 leases, and a `SELECT` when some lease was not renewed).
-    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>> {
-        let mut groups: Vec<(&str, Vec<usize>)> = Vec::new();
+    /// One statement per holder and 1,000 leases (MySQL: per ttl too, and a
+    /// `SELECT` when only some were renewed), one after the other.
+    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         let mut renewals = Vec::with_capacity(leases.len());
-        for (i, &(lease, ttl)) in leases.iter().enumerate() {
-            renewals.push(Renewal {
+        for &(lease, ttl) in leases {
+            renewals.push(TableRenewal {
                 name: lease.name,
                 ttl_ms: check(lease.name, lease.holder, ttl)?,
                 fence: fence_param(lease.fencing_token),
             });
-            match groups.iter_mut().find(|(h, _)| *h == lease.holder) {
-                Some((_, at)) => at.push(i),
-                None => groups.push((lease.holder, vec![i])),
-            }
         }
         let t = self.ready().await?;
-        let chunks: Vec<(&str, &[usize])> = groups
-            .iter()
-            .flat_map(|(holder, at)| at.chunks(RENEW_MANY_CHUNK).map(move |c| (*holder, c)))
-            .collect();
-        let calls = chunks
-            .iter()
-            .map(|&(holder, at)| self.renew_chunk(t, holder, at, &renewals));
-        let results = if D::CONCURRENT_BATCHES {
-            futures_util::future::join_all(calls).await
-        } else {
-            let mut results = Vec::new();
-            for call in calls {
-                results.push(call.await);
-            }
-            results
+        // A batch is of one holder (and for MySQL one ttl): its statements bind them once.
+        let key = |i: usize| {
+            let ttl = if D::ONE_TTL_PER_BATCH {
+                renewals[i].ttl_ms
+            } else {
+                0
+            };
+            (leases[i].0.holder, ttl)
         };
+        let mut keys: Vec<(&str, i64)> = (0..leases.len()).map(key).collect();
+        keys.sort_unstable();
+        keys.dedup();
         let mut out = vec![false; leases.len()];
-        for chunk in results {
-            for (i, renewed) in chunk? {
-                out[i] = renewed;
+        for k in keys {
+            let group: Vec<usize> = (0..leases.len()).filter(|&i| key(i) == k).collect();
+            for at in group.chunks(MAX_BATCH) {
+                let batch: Vec<TableRenewal<'_>> = at.iter().map(|&i| renewals[i]).collect();
+                let renewed = self.run(|| D::renew_batch(&t, k.0, &batch)).await?;
+                for (&i, renewed) in at.iter().zip(renewed) {
+                    out[i] = renewed;
+                }
             }
         }
         Ok(out)
     }
 }
 
-type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The table used by `new(pool)`.
-pub(crate) const DEFAULT_TABLE: &str = "task_leases";
-
-/// The placeholder for the table name in the SQL templates of the backends.
-const TABLE: &str = "{table}";
-
-/// The placeholder for the list of bind parameters of a batch.
-const LIST: &str = "{list}";
-
-/// The most leases one batched renewal statement takes; larger batches are
-/// split (the engine never sends larger ones).
-pub(crate) const RENEW_MANY_CHUNK: usize = crate::backend::MAX_BATCH;
-
-/// The list lengths the batched statements are built for, when a backend
-/// binds one parameter (or pair) per lease: a batch is padded up to the next
-/// length by repeating its last lease, so that a connection prepares at most
-/// this many variants of the statement.
-pub(crate) const LIST_SIZES: [usize; 11] =
-    [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, RENEW_MANY_CHUNK];
-
-/// The index in [`LIST_SIZES`] of the shortest list that takes `n` leases
-/// (`1 ..= RENEW_MANY_CHUNK`).
-#[cfg(any(feature = "mysql", feature = "sqlite"))]
-fn list_size(n: usize) -> usize {
-    LIST_SIZES
-        .iter()
-        .position(|&size| size >= n)
-        .expect("BUG: a batch larger than RENEW_MANY_CHUNK")
-}
-
-/// SQL templates of one backend; `{table}` stands for the table name.
-pub(crate) struct Templates {
-    pub(crate) create: &'static str,
-    /// Adds the `fence` column to a table made for the Go services.
-    pub(crate) add_fence: &'static str,
-    pub(crate) acquire: &'static str,
-    pub(crate) renew: &'static str,
-    pub(crate) release: &'static str,
-    /// The batched renewal. With a `list_item`, `{list}` stands for one
-    /// `list_item` per lease, separated by commas, and one statement is built
-    /// per length in [`LIST_SIZES`].
-    pub(crate) renew_many: &'static str,
-    /// MySQL only (else empty): which of a batch's leases are ours and live,
-    /// for when the renewal matched fewer rows than it had leases.
-    pub(crate) renewed_many: &'static str,
-    /// The bind parameters of one lease in `{list}`, or empty when the
-    /// statement takes arrays.
-    pub(crate) list_item: &'static str,
-    /// The row of one lease ([`Info`]): holder, fence, and microseconds
-    /// left by the server's clock; the name bound as the only parameter.
-    pub(crate) info: &'static str,
-    /// Every row ([`Info`] with the name first), ordered by name; no
-    /// parameters.
-    pub(crate) list: &'static str,
-    /// Expire the live row of the name bound as the only parameter,
-    /// whoever holds it (the fence is kept); one row matched iff it was live.
-    pub(crate) force_release: &'static str,
-}
-
-/// What the statements of a table look like beyond its name: the SQL put in
-/// for each placeholder of a dialect's templates (`{now}`, `{cutoff}`,
-/// `{pad}`, `{epoch}`: which clock, how a lease's liveness is judged at the
-/// column's precision, ...), in order (a value may contain a later
-/// placeholder). Every value comes from this crate's source.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Layout(pub(crate) Vec<(&'static str, String)>);
-
-impl Layout {
-    /// No placeholders (the DDL, SQLite).
-    pub(crate) const NONE: Layout = Layout(Vec::new());
-}
-
-/// `template` with `table` and the values of `layout` filled in.
-///
-/// The table name is the only text that did not come from this crate's
-/// source, and it was validated ([`validate::table`]): an identifier of
-/// `[A-Za-z0-9_]` with at most one `.`, which cannot contain quotes,
-/// comments, whitespace, `;` or braces (so no placeholder either).
-fn fill(template: &str, table: &str, layout: &Layout) -> Arc<str> {
-    debug_assert!(template.contains(TABLE), "BUG: a template without {TABLE}");
-    let mut sql = template.replace(TABLE, table);
-    for (placeholder, value) in &layout.0 {
-        sql = sql.replace(placeholder, value);
+impl<D: Dialect> Table<D> {
+    /// Runs the statement of `change` on the row of `name`, with the
+    /// optional columns it `needs`.
+    async fn change(
+        &self,
+        name: &str,
+        change: RowChange<'_>,
+        needs: OptionalColumns,
+    ) -> Result<bool, Error> {
+        let t = self.ready_for(needs).await?;
+        self.run(|| D::change(&t, name, change)).await
     }
-    debug_assert!(
-        !sql.contains('{'),
-        "BUG: a placeholder left unfilled in {sql}"
-    );
-    sql.into()
-}
 
-/// The statements of one table backend, built once from a validated table
-/// name and the table's [`Layout`]. Cloning is a few reference-count
-/// increments.
-#[derive(Clone, Debug)]
-pub(crate) struct Statements {
-    pub(crate) acquire: Arc<str>,
-    pub(crate) renew: Arc<str>,
-    pub(crate) release: Arc<str>,
-    pub(crate) info: Arc<str>,
-    pub(crate) list: Arc<str>,
-    pub(crate) force_release: Arc<str>,
-    /// One per length in [`LIST_SIZES`], or a single statement.
-    pub(crate) renew_many: Arc<[Arc<str>]>,
-    /// Like `renew_many` (MySQL only, else empty).
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    pub(crate) renewed_many: Arc<[Arc<str>]>,
-}
-
-impl Statements {
-    /// `templates` with `table` (validated by the caller, see [`fill`]) and
-    /// `layout` filled in.
-    pub(crate) fn new(templates: &Templates, table: &str, layout: &Layout) -> Self {
-        let fill = |template: &str| fill(template, table, layout);
-        let lists = |template: &'static str| -> Arc<[Arc<str>]> {
-            if template.is_empty() {
-                return Arc::new([]);
-            }
-            if templates.list_item.is_empty() {
-                return Arc::new([fill(template)]);
-            }
-            debug_assert!(
-                template.contains(LIST),
-                "BUG: a batch template without {LIST}"
-            );
-            LIST_SIZES
-                .iter()
-                .map(|&n| {
-                    let list = vec![templates.list_item; n].join(", ");
-                    fill(&template.replace(LIST, &list))
-                })
-                .collect()
+    /// [`LeaseGuard::check_in`](crate::LeaseGuard::check_in) on `conn`.
+    async fn check_in<C>(&self, conn: &mut C, lease: Acquisition<'_>) -> Result<(), Error>
+    where
+        C: sealed::CheckInConnection<Dialect = D>,
+    {
+        let t = self.ready().await?;
+        let fence = fence_param(lease.fencing_token);
+        let checked = conn.check_in(&t.sql.check_in, lease.name, lease.holder, fence);
+        let elsewhere = |problem: String| {
+            let fix = "check in on a connection to the lease table's database, as the \
+                       backend's own pool() gives";
+            refused(&self.table, &problem, fix)
         };
-        Self {
-            acquire: fill(templates.acquire),
-            renew: fill(templates.renew),
-            release: fill(templates.release),
-            info: fill(templates.info),
-            list: fill(templates.list),
-            force_release: fill(templates.force_release),
-            renew_many: lists(templates.renew_many),
-            renewed_many: lists(templates.renewed_many),
+        match checked.await {
+            Ok(Some(database)) => match D::database(self) {
+                Some(ours) if ours != database => Err(elsewhere(format!(
+                    "check_in's connection is to the database {database}, the backend's to {ours}"
+                ))),
+                _ => Ok(()),
+            },
+            Ok(None) => Err(Error::NotHeld {
+                name: lease.name.to_owned(),
+            }),
+            Err(e) if no_such_table(&e) => Err(elsewhere(format!(
+                "check_in's connection has no such table ({}): it is not a connection to the \
+                 lease's database",
+                Error::from(e).chain()
+            ))),
+            Err(e) => Err(e.into()),
         }
     }
 }
 
-/// A column of a lease table, as the server describes it.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Column {
-    /// The name, in lower case.
-    pub(crate) name: String,
-    /// The type's name, in lower case (`timestamptz`, `datetime`, `bigint`, ...).
-    pub(crate) kind: String,
-    /// Fractional-second digits, for a time column.
-    pub(crate) precision: Option<u32>,
-    /// It has a default value.
-    pub(crate) has_default: bool,
-    /// It may be NULL.
-    pub(crate) nullable: bool,
-    /// A unique index (or the primary key) is on this column alone.
-    pub(crate) unique: bool,
+/// [`LeaseGuard::check_in`](crate::LeaseGuard::check_in): `backend` must be
+/// the table of `conn`'s kind ([`Table`] or `Arc<Table>`), else
+/// [`Error::Unsupported`].
+pub(crate) async fn check_in<C: CheckIn>(
+    backend: &dyn crate::backend::DynBackend,
+    conn: &mut C,
+    lease: Acquisition<'_>,
+) -> Result<(), Error> {
+    let table = table_of::<C::Dialect>(backend).ok_or(Error::Unsupported {
+        operation: "check_in on this kind of connection",
+    })?;
+    table.check_in(conn, lease).await
 }
 
-/// What a table backend needs to know of a table, once the rules every
-/// dialect shares hold ([`shape`]).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-#[derive(Debug)]
-pub(crate) struct Shape<'a> {
-    /// The `expires_at` column.
-    pub(crate) expires_at: &'a Column,
-    /// The table is shared with services that insert rows without a fence
-    /// (the Go services): the `fence` column has a default.
-    pub(crate) shared: bool,
+fn table_of<D: Dialect>(backend: &dyn crate::backend::DynBackend) -> Option<&Table<D>> {
+    let any = backend.as_any();
+    any.downcast_ref::<Table<D>>()
+        .or_else(|| any.downcast_ref::<Arc<Table<D>>>().map(|t| &**t))
 }
 
-/// The rules for a lease table's columns that do not depend on the dialect:
-/// the table exists; it has `name` (unique on its own: one row per lease),
-/// `holder`, `expires_at` and `fence` (an integer type of `integers`, NOT
-/// NULL). `add_fence` is the statement that adds a missing `fence`, `create`
-/// how to make the table.
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn shape<'a>(
-    table: &str,
-    columns: &'a [Column],
-    integers: &[&str],
-    add_fence: &str,
-    create: &str,
-) -> Result<Shape<'a>, Error> {
-    let refuse = |problem: String, fix: String| Error::Schema {
-        table: table.to_owned(),
-        problem,
-        fix,
-    };
-    if columns.is_empty() {
-        return Err(refuse(
-            "the table does not exist (or this connection's user cannot see it)".to_owned(),
-            create.to_owned(),
-        ));
-    }
-    let column = |name: &str| columns.iter().find(|c| c.name == name);
-    for name in ["name", "holder", "expires_at"] {
-        if column(name).is_none() {
-            return Err(refuse(
-                format!(
-                    "it has no column {name}; a lease table has the columns name, holder, \
-                     expires_at and fence"
-                ),
-                "give the backend a lease table (with_table names another one)".to_owned(),
-            ));
-        }
-    }
-    let Some(fence) = column("fence") else {
-        return Err(refuse(
-            "it has no column fence, which holds the fencing counter of each lease name \
-             (a table made for the Go services has only name, holder and expires_at)"
-                .to_owned(),
-            format!("add it with `{add_fence}`"),
-        ));
-    };
-    if !integers.contains(&fence.kind.as_str()) || fence.nullable {
-        return Err(refuse(
-            format!(
-                "its column fence is {}{}; it must be an integer column that is NOT NULL",
-                fence.kind,
-                if fence.nullable { " NULL" } else { "" },
-            ),
-            "make it BIGINT NOT NULL DEFAULT 0".to_owned(),
-        ));
-    }
-    if !column("name").is_some_and(|c| c.unique) {
-        return Err(refuse(
-            "its column name is not unique on its own (the primary key): two rows of one \
-             lease name would be two leases"
-                .to_owned(),
-            format!("make name the primary key: ALTER TABLE {table} ADD PRIMARY KEY (name)"),
-        ));
-    }
-    Ok(Shape {
-        expires_at: column("expires_at").expect("checked above"),
-        shared: fence.has_default,
+/// The server says the statement's table does not exist (PostgreSQL
+/// 42P01, MySQL 42S02, SQLite "no such table").
+fn no_such_table(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(|e| {
+        matches!(e.code().as_deref(), Some("42P01" | "42S02"))
+            || e.message().starts_with("no such table")
     })
-}
-
-/// The step between two values of a time column of `precision` fractional
-/// digits, in microseconds (1 for 6 digits, 1,000,000 for none).
-#[cfg(any(feature = "postgres", feature = "mysql"))]
-pub(crate) fn step_us(precision: Option<u32>) -> u32 {
-    10u32.pow(6 - precision.unwrap_or(6).min(6))
 }
 
 /// [`validate::call`], with the ttl as the `i64` milliseconds SQL binds.
@@ -1040,17 +992,10 @@ fn check(name: &str, holder: &str, ttl: Duration) -> Result<i64, Error> {
     validate::call(name, holder, ttl).map(i64::from)
 }
 
-/// `r`, with the reason a connection could not be opened when sqlx hides it.
-///
-/// A pool retries a refused connection until its `acquire_timeout` and then
-/// reports only `PoolTimedOut`. When that happens, one connection attempt
-/// (bounded by `CONNECT_TIMEOUT`) finds out why, and its error is returned
-/// instead: the log then reads "connection refused", "password
-/// authentication failed", ... If the attempt succeeds (the pool was merely
-/// exhausted), `PoolTimedOut` stands. This costs nothing on the paths that
-/// work. (Whether the pool still counts an abandoned connection attempt as
-/// open is a race, so the pool's size is not consulted.)
-pub(crate) async fn explain<T, DB: sqlx::Database>(
+/// `r`, with the reason a connection could not be opened when sqlx hides it:
+/// after a pool's `PoolTimedOut`, one connection attempt's error
+/// ("connection refused", ...), unless it succeeds (the pool was exhausted).
+async fn explain<T, DB: sqlx::Database>(
     pool: &sqlx::Pool<DB>,
     r: Result<T, sqlx::Error>,
 ) -> Result<T, Error> {
@@ -1073,27 +1018,14 @@ pub(crate) async fn explain<T, DB: sqlx::Database>(
     }
 }
 
-/// A fencing token as bound to the `fence` column. `None` (no grant of a
-/// table backend has none) and tokens beyond `i64` (no table hands them out)
-/// bind NULL, which matches no row.
-pub(crate) fn fence_param(fencing_token: Option<u64>) -> Option<i64> {
+/// A fencing token as bound to the `fence` column: NULL, which matches no
+/// row, for `None` and tokens beyond `i64` (no table hands them out).
+fn fence_param(fencing_token: Option<u64>) -> Option<i64> {
     fencing_token.and_then(|t| i64::try_from(t).ok())
 }
 
-/// Which of `leases` a batched renewal renewed, from the `(name, fence)`
-/// pairs of the rows it returned (PostgreSQL, SQLite).
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-fn renewed_of(leases: &[Renewal<'_>], returned: &[(String, i64)]) -> Vec<bool> {
-    let returned: std::collections::HashSet<(&str, i64)> =
-        returned.iter().map(|(n, f)| (n.as_str(), *f)).collect();
-    leases
-        .iter()
-        .map(|l| l.fence.is_some_and(|f| returned.contains(&(l.name, f))))
-        .collect()
-}
-
 /// A fencing token read back from the `fence` column.
-pub(crate) fn fence_token(fence: i64) -> Result<u64, Error> {
+fn fence_token(fence: i64) -> Result<u64, Error> {
     match u64::try_from(fence) {
         Ok(fence) if fence > 0 => Ok(fence),
         _ => Err(Error::Protocol(format!(
@@ -1102,108 +1034,207 @@ pub(crate) fn fence_token(fence: i64) -> Result<u64, Error> {
     }
 }
 
+/// A row as `info` and `list` read it: name, holder, fence, microseconds
+/// left (zero or less: expired or released), value, last slot.
+type TableRow = (
+    String,
+    String,
+    i64,
+    Option<i64>,
+    Option<String>,
+    Option<i64>,
+);
+
+/// The [`LeaseInfo`] of a row. An empty holder is a forced release's
+/// (no holder is empty), kept from everyone until it expires.
+fn lease_info((name, holder, fence, left_us, value, slot): TableRow) -> LeaseInfo {
+    let expires_in = left_us.and_then(left);
+    let forced = holder.is_empty() && expires_in.is_some();
+    // 0: a row the Go services inserted, which has no fence yet.
+    let fence = u64::try_from(fence).ok().filter(|&f| f > 0);
+    LeaseInfo::new(name, holder, expires_in, fence)
+        .with_value(value.filter(|_| expires_in.is_some() && !forced))
+        .with_slot(slot.and_then(|s| u64::try_from(s).ok()))
+        .with_forced(forced)
+}
+
+/// Microseconds left as a duration, if positive.
+fn left(us: i64) -> Option<Duration> {
+    u64::try_from(us)
+        .ok()
+        .filter(|&us| us > 0)
+        .map(Duration::from_micros)
+}
+
+/// Which of `leases` were renewed, by the `(name, fence)` of the rows a
+/// batched renewal returned (PostgreSQL, SQLite).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn renewed_of(leases: &[TableRenewal<'_>], returned: &[(String, i64)]) -> Vec<bool> {
+    let returned: std::collections::HashSet<(&str, i64)> =
+        returned.iter().map(|(n, f)| (n.as_str(), *f)).collect();
+    leases
+        .iter()
+        .map(|l| l.fence.is_some_and(|f| returned.contains(&(l.name, f))))
+        .collect()
+}
+
+/// The column rules of every dialect, read from its catalog.
+mod catalog {
+    use super::OptionalColumns;
+    use crate::Error;
+
+    /// A column of a lease table, as the server's catalog describes it.
+    #[derive(Debug, Clone, Default)]
+    pub(super) struct Column {
+        /// The name, in lower case.
+        pub(super) name: String,
+        /// The type's name, in lower case (`timestamptz`, `datetime`, `bigint`, ...).
+        pub(super) kind: String,
+        /// Fractional-second digits, for a time column.
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+        pub(super) precision: Option<u32>,
+        pub(super) has_default: bool,
+        pub(super) nullable: bool,
+        /// A unique index (or the primary key) is on this column alone.
+        pub(super) unique: bool,
+    }
+
+    /// What a dialect needs to know of a table that [`shape`] accepted.
+    #[derive(Debug)]
+    pub(super) struct Shape<'a> {
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+        pub(super) expires_at: &'a Column,
+        /// Shared with services that insert rows without a fence (the Go
+        /// services): the `fence` column has a default.
+        #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+        pub(super) shared: bool,
+        /// Which of `last_slot` and `value` it has.
+        pub(super) columns: OptionalColumns,
+    }
+
+    /// The rules that do not depend on the dialect: the table exists; it has
+    /// `name` (unique on its own), `holder`, `expires_at` and `fence` (one of
+    /// `integers`, NOT NULL); and maybe `last_slot` and `value`. `add_fence`
+    /// and `create` are the fixes.
+    pub(super) fn shape<'a>(
+        table: &str,
+        columns: &'a [Column],
+        integers: &[&str],
+        add_fence: &str,
+        create: &str,
+    ) -> Result<Shape<'a>, Error> {
+        let refuse = |problem: &str, fix: &str| Err(refused(table, problem, fix));
+        let lease_table = "give the backend a lease table, with the columns name, holder, \
+                           expires_at and fence (with_table names another one)";
+        let column = |name: &str| columns.iter().find(|c| c.name == name);
+        let Some(expires_at) = column("expires_at") else {
+            if columns.is_empty() {
+                let create = create.split_whitespace().collect::<Vec<_>>().join(" ");
+                return refuse(
+                    "the table does not exist (or this connection's user cannot see it)",
+                    &format!("create it with ensure_schema(), or with `{create}`"),
+                );
+            }
+            return refuse("it has no column expires_at", lease_table);
+        };
+        match (column("name"), column("holder"), column("fence")) {
+            (None, ..) => refuse("it has no column name", lease_table),
+            (_, None, _) => refuse("it has no column holder", lease_table),
+            (_, _, None) => refuse(
+                "it has no column fence, which holds the fencing counter of each lease name \
+                 (a table made for the Go services has only name, holder and expires_at)",
+                &format!("add it with `{add_fence}`"),
+            ),
+            (_, _, Some(fence)) if !integers.contains(&fence.kind.as_str()) || fence.nullable => {
+                let null = if fence.nullable { " NULL" } else { "" };
+                let kind = &fence.kind;
+                refuse(
+                    &format!("its column fence is {kind}{null}; it must be an integer NOT NULL"),
+                    "make it BIGINT NOT NULL DEFAULT 0",
+                )
+            }
+            (Some(name), ..) if !name.unique => refuse(
+                "its column name is not unique on its own (the primary key): two rows of one \
+                 lease name would be two leases",
+                &format!("make name the primary key: ALTER TABLE {table} ADD PRIMARY KEY (name)"),
+            ),
+            (_, _, Some(fence)) => Ok(Shape {
+                expires_at,
+                shared: fence.has_default,
+                columns: OptionalColumns {
+                    last_slot: column("last_slot").is_some(),
+                    value: column("value").is_some(),
+                },
+            }),
+        }
+    }
+
+    /// [`Error::Schema`] for `table`.
+    pub(super) fn refused(table: &str, problem: &str, fix: &str) -> Error {
+        let (table, problem, fix) = (table.to_owned(), problem.to_owned(), fix.to_owned());
+        Error::Schema {
+            table,
+            problem,
+            fix,
+        }
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    /// `expires_at` is `kind`, without a time zone, in a shared table (see
+    /// [`Shape::shared`]): the Go services write `now() + ttl` into it in
+    /// their sessions' time zone, which this crate cannot know. `convert`
+    /// makes it hold instants.
+    pub(super) fn zoneless_in_shared(table: &str, kind: &str, convert: &str) -> Error {
+        refused(
+            table,
+            &format!(
+                "its column expires_at is {kind}, without a time zone, and the table is shared \
+                 with services that insert rows without a fence (its column fence has a \
+                 default): they write `now() + ttl` into it in their session's time zone, which \
+                 this crate cannot know, so one side could see the other's leases end hours \
+                 early or late, and two replicas run the job at once"
+            ),
+            &format!(
+                "convert it, in a session whose time zone is the Go services' (the server's \
+                 default if they set none): `{convert}`; or, if no service inserts rows without \
+                 a fence, drop the default: `ALTER TABLE {table} ALTER COLUMN fence DROP DEFAULT`"
+            ),
+        )
+    }
+
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
+    /// The step between two values of a time column of `precision`
+    /// fractional digits, in microseconds (1 for 6 digits, 1,000,000 for none).
+    pub(super) fn step_us(precision: Option<u32>) -> u32 {
+        10u32.pow(6 - precision.unwrap_or(6).min(6))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const T: Templates = Templates {
-        create: "CREATE {table}",
-        add_fence: "ADD {table}",
-        acquire: "ACQUIRE {table} {table} {now}",
-        renew: "RENEW {table} {cutoff}",
-        release: "RELEASE {table}",
-        renew_many: "MANY {table} IN ({list})",
-        renewed_many: "",
-        list_item: "(?, ?)",
-        info: "INFO {table} {now}",
-        list: "LIST {table} {now}",
-        force_release: "FORCE {table} {cutoff}",
-    };
-
-    fn layout() -> Layout {
-        Layout(vec![
-            ("{cutoff}", "CUT({now})".to_owned()),
-            ("{now}", "NOW".to_owned()),
-        ])
-    }
-
-    #[test]
-    fn batch_statements_are_built_per_list_size() {
-        let s = Statements::new(&T, "t", &layout());
-        assert_eq!(s.renew_many.len(), LIST_SIZES.len());
-        assert_eq!(&*s.renew_many[0], "MANY t IN ((?, ?))");
-        assert_eq!(&*s.renew_many[1], "MANY t IN ((?, ?), (?, ?))");
-        assert_eq!(s.renew_many[10].matches("(?, ?)").count(), RENEW_MANY_CHUNK);
-        assert!(s.renewed_many.is_empty());
-        let arrays = Templates {
-            list_item: "",
-            renew_many: "MANY {table} $1",
-            ..T
-        };
-        let s = Statements::new(&arrays, "t", &layout());
-        assert_eq!(s.renew_many.len(), 1);
-        assert_eq!(&*s.renew_many[0], "MANY t $1");
-    }
-
     #[test]
     #[cfg(any(feature = "mysql", feature = "sqlite"))]
     fn batches_are_padded_to_the_next_list_size() {
-        assert_eq!(list_size(1), 0);
-        assert_eq!(list_size(3), 2);
-        assert_eq!(list_size(512), 9);
-        assert_eq!(list_size(513), 10);
-        assert_eq!(list_size(RENEW_MANY_CHUNK), 10);
+        let sizes = [1, 3, 512, 513, MAX_BATCH].map(list_size);
+        assert_eq!(sizes, [0, 2, 9, 10, 10]);
     }
 
+    /// `schema()`, `fence_migration()` and the fixes of a table without
+    /// `last_slot` and `value` are the migrations on the table (that they
+    /// are the files in `migrations/` is checked by
+    /// `tests/tests/migrations.rs` and `sql_backends.rs`: the package holds
+    /// no file outside it).
     #[test]
-    fn statements_are_filled_with_the_table_and_the_layout_in_order() {
-        let s = Statements::new(&T, "my_schema.leases", &layout());
-        assert_eq!(&*s.acquire, "ACQUIRE my_schema.leases my_schema.leases NOW");
-        assert_eq!(&*s.renew, "RENEW my_schema.leases CUT(NOW)");
-        assert_eq!(&*s.release, "RELEASE my_schema.leases");
-        assert_eq!(
-            &*fill(T.add_fence, "my_schema.leases", &Layout::NONE),
-            "ADD my_schema.leases"
-        );
-    }
-
-    /// The public `SCHEMA` of each dialect is the DDL `ensure_schema` runs
-    /// on the default table, as a file (`;` and a newline). That it is also
-    /// the file in `migrations/` is checked by `tests/tests/migrations.rs`
-    /// (lease-tests): this crate's package holds no file outside it.
-    #[test]
-    fn schema_constants_are_the_default_ddl() {
-        fn check<D: Dialect>(schema: &str) {
-            let ddl = fill(D::TEMPLATES.create, DEFAULT_TABLE, &Layout::NONE);
-            assert_eq!(schema, format!("{ddl};\n"));
-        }
-        #[cfg(feature = "postgres")]
-        check::<PgDialect>(PgTable::SCHEMA);
-        #[cfg(feature = "mysql")]
-        check::<MySqlDialect>(MySqlTable::SCHEMA);
-        #[cfg(feature = "sqlite")]
-        check::<SqliteDialect>(SqliteTable::SCHEMA);
-    }
-
-    /// Every placeholder of every dialect is filled by its default layout
-    /// (`fill` asserts it in debug builds).
-    #[test]
-    fn default_layouts_fill_every_placeholder() {
+    fn migrations_name_the_table_once() {
         fn check<D: Dialect>() {
-            let s = Statements::new(&D::TEMPLATES, DEFAULT_TABLE, &D::default_layout());
-            for sql in [
-                &s.acquire,
-                &s.renew,
-                &s.release,
-                &s.info,
-                &s.list,
-                &s.force_release,
-            ]
-            .into_iter()
-            .chain(s.renew_many.iter())
-            .chain(s.renewed_many.iter())
-            {
-                assert!(!sql.contains('{'), "{sql}");
+            for migration in [D::SCHEMA, D::ADD_FENCE, D::ADD_LAST_SLOT, D::ADD_VALUE] {
+                let statement = migration_for(migration, "jobs.leases");
+                assert_eq!(statement.matches("jobs.leases").count(), 1, "{statement}");
+                assert!(!statement.contains(DEFAULT_TABLE), "{statement}");
+                let default = migration_for(migration, DEFAULT_TABLE);
+                assert_eq!(format!("{default};\n"), migration);
             }
         }
         #[cfg(feature = "postgres")]
@@ -1214,105 +1245,6 @@ mod tests {
         check::<SqliteDialect>();
     }
 
-    #[cfg(any(feature = "postgres", feature = "mysql"))]
-    mod shapes {
-        use super::super::*;
-
-        fn column(name: &str, kind: &str) -> Column {
-            Column {
-                name: name.to_owned(),
-                kind: kind.to_owned(),
-                unique: name == "name",
-                ..Column::default()
-            }
-        }
-
-        fn go_table() -> Vec<Column> {
-            vec![
-                column("name", "text"),
-                column("holder", "text"),
-                Column {
-                    precision: Some(6),
-                    ..column("expires_at", "timestamptz")
-                },
-            ]
-        }
-
-        fn check(columns: &[Column]) -> Result<Shape<'_>, Error> {
-            shape("t", columns, &["int8"], "ADD FENCE", "CREATE")
-        }
-
-        fn problem(columns: &[Column]) -> (String, String) {
-            match check(columns) {
-                Err(Error::Schema {
-                    table,
-                    problem,
-                    fix,
-                }) => {
-                    assert_eq!(table, "t");
-                    (problem, fix)
-                }
-                other => panic!("{other:?}"),
-            }
-        }
-
-        #[test]
-        fn a_missing_fence_is_named_with_the_statement_that_adds_it() {
-            let (problem, fix) = problem(&go_table());
-            assert!(problem.contains("no column fence"), "{problem}");
-            assert!(fix.contains("ADD FENCE"), "{fix}");
-            let error = check(&go_table()).expect_err("no fence").to_string();
-            assert!(
-                error.starts_with("lease table t cannot be used: it has no column fence"),
-                "{error}"
-            );
-            assert!(error.contains("ADD FENCE"), "{error}");
-        }
-
-        #[test]
-        fn a_table_with_a_fence_fits_and_its_default_says_it_is_shared() {
-            let mut columns = go_table();
-            columns.push(column("fence", "int8"));
-            let shape = check(&columns).expect("fits");
-            assert_eq!(shape.expires_at.kind, "timestamptz");
-            assert!(!shape.shared);
-            columns[3].has_default = true;
-            assert!(check(&columns).expect("fits").shared);
-        }
-
-        #[test]
-        fn unusable_tables_are_refused() {
-            assert!(problem(&[]).0.contains("does not exist"));
-            assert_eq!(problem(&[]).1, "CREATE");
-            let mut columns = go_table();
-            columns.push(column("fence", "int8"));
-            columns.remove(1);
-            assert!(problem(&columns).0.contains("no column holder"));
-
-            let mut columns = go_table();
-            columns.push(Column {
-                nullable: true,
-                ..column("fence", "int8")
-            });
-            assert!(problem(&columns).0.contains("NOT NULL"));
-            columns[3] = column("fence", "text");
-            assert!(problem(&columns).0.contains("fence is text"));
-
-            let mut columns = go_table();
-            columns.push(column("fence", "int8"));
-            columns[0].unique = false;
-            assert!(problem(&columns).0.contains("not unique"));
-        }
-
-        #[test]
-        fn steps_follow_the_precision() {
-            assert_eq!(step_us(None), 1);
-            assert_eq!(step_us(Some(6)), 1);
-            assert_eq!(step_us(Some(3)), 1_000);
-            assert_eq!(step_us(Some(0)), 1_000_000);
-        }
-    }
-
     #[test]
     fn fences_must_be_positive() {
         assert_eq!(fence_token(1).ok(), Some(1));
@@ -1321,5 +1253,101 @@ mod tests {
         assert!(matches!(fence_token(-1), Err(Error::Protocol(_))));
         assert_eq!(fence_param(Some(u64::MAX)), None);
         assert_eq!(fence_param(Some(7)), Some(7));
+    }
+
+    /// What an `acquire_with` statement read and did, as the caller learns it.
+    #[test]
+    fn answers_say_granted_already_ran_or_held() {
+        let answer = |fence, slot, last_slot, others_left_us| {
+            let answer = TableAnswer {
+                fence,
+                slot,
+                last_slot,
+                others_left_us,
+            };
+            answer.acquired().expect("valid")
+        };
+        let granted = Grant::new(Some(3)).with_slot(9, Some(7));
+        assert_eq!(
+            answer(Some(3), Some(9), Some(7), None),
+            Acquired::Granted(granted)
+        );
+        assert_eq!(
+            answer(Some(1), None, None, None),
+            Acquired::Granted(Grant::new(Some(1)))
+        );
+        // The slot first, whoever holds the lease.
+        let ran = Acquired::AlreadyRan { slot: 9 };
+        assert_eq!(answer(None, Some(9), Some(9), Some(5)), ran);
+        let held = |expires_in| Acquired::HeldElsewhere { expires_in };
+        let left = Some(Duration::from_micros(5));
+        assert_eq!(answer(None, Some(9), Some(8), Some(5)), held(left));
+        assert_eq!(answer(None, None, None, Some(-5)), held(None));
+    }
+
+    mod shapes {
+        use super::super::*;
+
+        /// The Go services' table and a fence, with changes: whether it is
+        /// shared, and which optional columns it has.
+        fn check(change: impl FnOnce(&mut Vec<Column>)) -> Result<(bool, OptionalColumns), String> {
+            let column = |name: &str, kind: &str| Column {
+                name: name.to_owned(),
+                kind: kind.to_owned(),
+                unique: name == "name",
+                ..Column::default()
+            };
+            let mut columns = vec![
+                column("name", "text"),
+                column("holder", "text"),
+                column("expires_at", "timestamptz"),
+                column("fence", "int8"),
+            ];
+            change(&mut columns);
+            match shape("t", &columns, &["int8"], "ADD FENCE", "CREATE") {
+                Ok(shape) => Ok((shape.shared, shape.columns)),
+                Err(e @ Error::Schema { .. }) => Err(e.to_string()),
+                Err(e) => panic!("{e}"),
+            }
+        }
+
+        #[test]
+        fn a_table_with_a_fence_fits_and_its_default_says_it_is_shared() {
+            let plain = OptionalColumns::default();
+            assert_eq!(check(|_| ()), Ok((false, plain)));
+            assert_eq!(check(|c| c[3].has_default = true), Ok((true, plain)));
+            let value = |c: &mut Vec<Column>| {
+                c.push(Column {
+                    name: "value".into(),
+                    ..Column::default()
+                })
+            };
+            assert_eq!(check(value), Ok((false, OptionalColumns::VALUE)));
+        }
+
+        #[test]
+        fn unusable_tables_are_refused_with_their_fix() {
+            let refused = |change: fn(&mut Vec<Column>), problem: &str, fix: &str| {
+                let error = check(change).expect_err(problem);
+                assert!(
+                    error.starts_with("lease table t cannot be used: "),
+                    "{error}"
+                );
+                assert!(error.contains(problem) && error.contains(fix), "{error}");
+            };
+            refused(|c| c.truncate(3), "it has no column fence", "`ADD FENCE`");
+            refused(|c| c.clear(), "does not exist", "`CREATE`");
+            refused(|c| drop(c.remove(1)), "no column holder", "with_table");
+            refused(|c| c[3].nullable = true, "fence is int8 NULL", "NOT NULL");
+            refused(|c| c[3].kind = "text".into(), "fence is text", "BIGINT");
+            refused(|c| c[0].unique = false, "not unique", "PRIMARY KEY (name)");
+        }
+
+        #[test]
+        #[cfg(any(feature = "postgres", feature = "mysql"))]
+        fn steps_follow_the_precision() {
+            let steps = [None, Some(6), Some(3), Some(0)].map(step_us);
+            assert_eq!(steps, [1, 1, 1_000, 1_000_000]);
+        }
     }
 }

@@ -57,16 +57,121 @@ async fn a_wait_that_runs_out_answers_held_elsewhere() {
     assert_eq!(Instant::now(), t1);
 }
 
+/// DESIGN §6.5: a crashed holder's lease is taken at its expiry (the
+/// refused attempt says when), not a poll later.
 #[tokio::test(start_paused = true)]
-async fn a_crashed_holders_lease_is_taken_about_a_poll_after_it_expires() {
+async fn a_crashed_holders_lease_is_taken_at_its_expiry() {
     let (db, _a, b) = pods();
     let t0 = Instant::now();
     // A holder that acquired and then vanished: nothing renews it.
     db.acquire("job", "crashed", TTL).await.unwrap().unwrap();
+    sleep(ms(1234)).await;
     let guard = b.acquire("job", TTL, ms(10_000)).await.unwrap().unwrap();
     let took = Instant::now() - t0;
-    assert!(took >= TTL && took <= TTL + POLL_MAX, "{took:?}");
+    // The expiry plus a jitter of at most 5 ms (a poll would be 240-360 ms).
+    assert!(took >= TTL && took <= TTL + ms(5), "{took:?}");
     assert_eq!(guard.fencing_token(), Some(2));
+}
+
+/// A follower of a crashed leader leads at the leader's expiry too.
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_crashed_leader_leads_at_its_expiry() {
+    let (db, _a, b) = pods();
+    let t0 = Instant::now();
+    db.acquire("scheduler", "crashed", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    sleep(ms(1234)).await;
+    let election = b.elect("scheduler", TTL);
+    election.leading().await;
+    let took = Instant::now() - t0;
+    assert!(took >= TTL && took <= TTL + ms(5), "{took:?}");
+}
+
+/// A leader's proclaimed value reaches its followers (and observers), and
+/// a new value replaces it at once; it ends with the term.
+#[tokio::test(start_paused = true)]
+async fn a_proclaimed_value_reaches_followers_and_ends_with_the_term() {
+    let (db, a, b) = pods();
+    let first = a.elect("scheduler", TTL);
+    first.proclaim("10.0.0.7:8080").unwrap();
+    let term = first.leading().await;
+    assert_eq!(
+        db.inspect("scheduler")
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("10.0.0.7:8080"),
+        "written with the acquisition"
+    );
+    let second = b.elect("scheduler", TTL);
+    let mut seen = second.watch();
+    seen.wait_for(|l| {
+        *l == Leadership::Following {
+            leader: Some("pod-a".into()),
+            value: Some("10.0.0.7:8080".into()),
+        }
+    })
+    .await
+    .unwrap();
+    first.proclaim("10.0.0.8:8080").unwrap();
+    sleep(ms(1)).await;
+    assert_eq!(
+        db.inspect("scheduler")
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .as_deref(),
+        Some("10.0.0.8:8080"),
+        "published at once while leading"
+    );
+    // Too long: refused, nothing changes.
+    assert!(matches!(
+        first.proclaim("x".repeat(4097)),
+        Err(Error::InvalidValue { len: 4097 })
+    ));
+    drop(term);
+    first.resign().await.unwrap();
+    let led = second.leading().await;
+    drop(led);
+    let info = db.inspect("scheduler").await.unwrap().unwrap();
+    assert_eq!((info.holder.as_str(), info.value), ("pod-b", None));
+}
+
+/// An observer sees the holder, its value and each hand-over, and never
+/// holds the lease itself.
+#[tokio::test(start_paused = true)]
+async fn an_observer_sees_hand_overs_and_never_contends() {
+    let (db, a, b) = pods();
+    let watcher = Lease::with_holder(db.clone(), "dashboard");
+    let mut seen = watcher.observe("scheduler");
+    let first = a.elect("scheduler", TTL);
+    first.proclaim("a:1").unwrap();
+    let term = first.leading().await;
+    let now = seen
+        .wait_for(|o| o.holder.as_deref() == Some("pod-a"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(now.value.as_deref(), Some("a:1"));
+    assert_eq!(now.fencing_token, term.fencing_token());
+    let second = b.elect("scheduler", TTL);
+    second.proclaim("b:1").unwrap();
+    drop(term);
+    first.resign().await.unwrap();
+    let next = seen
+        .wait_for(|o| o.holder.as_deref() == Some("pod-b"))
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(next.value.as_deref(), Some("b:1"));
+    assert_eq!(db.fence("scheduler"), 2, "the observer never acquired");
+    assert!(watcher.held().is_empty());
+    drop(second);
 }
 
 #[tokio::test(start_paused = true)]
@@ -167,14 +272,18 @@ async fn an_election_leads_follows_and_hands_over_on_resign() {
     seen.wait_for(|l| {
         *l == Leadership::Following {
             leader: Some("pod-a".into()),
+            value: None,
         }
     })
     .await
     .unwrap();
     assert!(!second.is_leader());
+    // The leader's work has stopped: it keeps only the token.
+    let token = term.token();
+    drop(term);
     let resigned_at = Instant::now();
     first.resign().await.unwrap();
-    assert!(term.token().is_cancelled() && !term.is_valid());
+    assert!(token.is_cancelled());
     let next = second.leading().await;
     let took = Instant::now() - resigned_at;
     assert!(took <= POLL_MAX, "hand-over took {took:?}");
@@ -185,13 +294,13 @@ async fn an_election_leads_follows_and_hands_over_on_resign() {
 async fn a_dropped_election_releases_in_the_background() {
     let (_db, a, b) = pods();
     let first = a.elect("scheduler", TTL);
-    let term = first.leading().await;
+    let token = first.leading().await.token();
     let second = b.elect("scheduler", TTL);
     sleep(ms(100)).await;
     let dropped_at = Instant::now();
     drop(first);
     let next = second.leading().await;
-    assert!(term.token().is_cancelled());
+    assert!(token.is_cancelled());
     assert!(Instant::now() - dropped_at <= POLL_MAX + ms(10));
     assert!(next.is_valid());
 }
@@ -210,10 +319,12 @@ async fn a_stolen_lease_ends_the_term_and_the_election_contends_again() {
         .unwrap();
     term.token().cancelled().await; // at the next renewal
     assert!(!election.is_leader());
+    drop(term); // the leader's work stops
     let mut seen = election.watch();
     seen.wait_for(|l| {
         *l == Leadership::Following {
             leader: Some("thief".into()),
+            value: None,
         }
     })
     .await
@@ -261,5 +372,312 @@ async fn without_a_runtime_an_election_stops_with_an_error() {
     let election = std::thread::spawn(move || lease.elect("scheduler", TTL))
         .join()
         .unwrap();
+    assert!(matches!(
+        &*election.watch().borrow(),
+        Leadership::Stopped { error } if error.contains("runtime")
+    ));
     assert!(matches!(election.resign().await, Err(Error::NoRuntime)));
+}
+
+/// What a [`Rigged`] call does instead of asking its `Memory`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// Ask the `Memory`.
+    None,
+    /// Never answer (a request stuck on a dead connection).
+    Hang,
+    /// Fail (a server that refuses connections).
+    Fail,
+}
+
+/// `Memory`, with faults injected into `acquire` and `inspect` on request.
+#[derive(Clone)]
+struct Rigged {
+    db: Memory,
+    acquire: std::sync::Arc<std::sync::Mutex<Fault>>,
+    inspect: std::sync::Arc<std::sync::Mutex<Fault>>,
+}
+
+impl Rigged {
+    fn new(db: Memory) -> Self {
+        Rigged {
+            db,
+            acquire: std::sync::Arc::new(Fault::None.into()),
+            inspect: std::sync::Arc::new(Fault::None.into()),
+        }
+    }
+
+    fn set_acquire(&self, fault: Fault) {
+        *self.acquire.lock().unwrap() = fault;
+    }
+
+    fn set_inspect(&self, fault: Fault) {
+        *self.inspect.lock().unwrap() = fault;
+    }
+}
+
+/// What `fault` makes of a call: `None` to go on and ask the `Memory`.
+async fn inject(fault: Fault) -> Option<Error> {
+    match fault {
+        Fault::None => None,
+        Fault::Hang => std::future::pending().await,
+        Fault::Fail => Some(Error::backend("connection refused")),
+    }
+}
+
+impl Backend for Rigged {
+    async fn acquire(
+        &self,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> crate::Result<Option<crate::Grant>> {
+        let fault = *self.acquire.lock().unwrap();
+        match inject(fault).await {
+            Some(e) => Err(e),
+            None => self.db.acquire(name, holder, ttl).await,
+        }
+    }
+    async fn renew(&self, lease: crate::Acquisition<'_>, ttl: Duration) -> crate::Result<bool> {
+        self.db.renew(lease, ttl).await
+    }
+    async fn release(&self, lease: crate::Acquisition<'_>) -> crate::Result<()> {
+        self.db.release(lease).await
+    }
+    async fn inspect(&self, name: &str) -> crate::Result<Option<crate::LeaseInfo>> {
+        let fault = *self.inspect.lock().unwrap();
+        match inject(fault).await {
+            Some(e) => Err(e),
+            None => self.db.inspect(name).await,
+        }
+    }
+}
+
+/// pod-a leads "scheduler" on `db`; pod-b, through `rigged`, contends
+/// for 100 ms (asked, refused, and now asking who leads, or waiting).
+async fn a_leads_b_contends(db: &Memory, rigged: &Rigged) -> (crate::Election, crate::Election) {
+    let first = Lease::with_holder(db.clone(), "pod-a").elect("scheduler", TTL);
+    first.leading().await;
+    let second = Lease::with_holder(rigged.clone(), "pod-b").elect("scheduler", TTL);
+    sleep(ms(100)).await;
+    (first, second)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_whose_inspect_hangs_takes_over_when_the_leader_resigns() {
+    let db = Memory::new();
+    let rigged = Rigged::new(db.clone());
+    rigged.set_inspect(Fault::Hang);
+    let (first, second) = a_leads_b_contends(&db, &rigged).await;
+    let resigned_at = Instant::now();
+    first.resign().await.unwrap();
+    let led = tokio::time::timeout(ms(5000), second.leading()).await;
+    assert!(
+        led.is_ok(),
+        "the follower did not lead within 5 s of the leader's resign: {:?}",
+        *second.watch().borrow()
+    );
+    let took = Instant::now() - resigned_at;
+    assert!(took <= POLL_MAX, "hand-over took {took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_whose_inspect_hangs_reads_as_following_someone_unnamed() {
+    let db = Memory::new();
+    let rigged = Rigged::new(db.clone());
+    rigged.set_inspect(Fault::Hang);
+    let (_first, second) = a_leads_b_contends(&db, &rigged).await;
+    let mut seen = second.watch();
+    let following = tokio::time::timeout(
+        POLL_MAX,
+        seen.wait_for(|l| {
+            *l == Leadership::Following {
+                leader: None,
+                value: None,
+            }
+        }),
+    )
+    .await;
+    assert!(
+        matches!(following, Ok(Ok(_))),
+        "{:?}",
+        *second.watch().borrow()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_follower_whose_inspect_hangs_resigns_at_once() {
+    let db = Memory::new();
+    let rigged = Rigged::new(db.clone());
+    rigged.set_inspect(Fault::Hang);
+    let (_first, second) = a_leads_b_contends(&db, &rigged).await;
+    let resigned = tokio::time::timeout(ms(10), second.resign()).await;
+    assert!(
+        resigned.is_ok(),
+        "resign() did not return while inspect hung"
+    );
+    assert!(resigned.unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_candidate_whose_acquire_hangs_resigns_at_once() {
+    let db = Memory::new();
+    let rigged = Rigged::new(db.clone());
+    rigged.set_acquire(Fault::Hang);
+    let (_first, second) = a_leads_b_contends(&db, &rigged).await;
+    let resigned = tokio::time::timeout(ms(10), second.resign()).await;
+    assert!(
+        resigned.is_ok(),
+        "resign() did not return while acquire hung"
+    );
+    assert!(resigned.unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_ttl_is_seen_at_once() {
+    let (_db, a, _b) = pods();
+    let election = a.elect("scheduler", ms(1));
+    let state = election.watch().borrow().clone();
+    assert_ne!(
+        state,
+        Leadership::Contending,
+        "an election with ttl 1 ms reads as contending"
+    );
+    assert!(
+        matches!(&state, Leadership::Stopped { error } if error.contains("invalid ttl")),
+        "{state:?}"
+    );
+    assert!(matches!(
+        election.resign().await,
+        Err(Error::InvalidTtl { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backend_failing_while_contending_is_seen_and_warned_once() {
+    let (logs, _guard) = crate::test_util::capture_logs();
+    let rigged = Rigged::new(Memory::new());
+    rigged.set_acquire(Fault::Fail);
+    let election = Lease::with_holder(rigged.clone(), "pod-a").elect("scheduler", TTL);
+    // About 30 attempts, a poll apart.
+    sleep(ms(10_000)).await;
+    let logs = logs.text();
+    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains(" WARN ")).collect();
+    assert_eq!(warnings.len(), 1, "{logs}");
+    assert!(warnings[0].contains("connection refused"), "{logs}");
+    let state = election.watch().borrow().clone();
+    assert_ne!(
+        state,
+        Leadership::Contending,
+        "the backend has failed for 10 s, and the election reads as contending"
+    );
+    assert!(
+        matches!(&state, Leadership::Failing { error } if error.contains("connection refused")),
+        "{state:?}"
+    );
+    // The backend is back: the election leads.
+    rigged.set_acquire(Fault::None);
+    let led = tokio::time::timeout(POLL_MAX, election.leading()).await;
+    assert!(led.is_ok(), "{:?}", *election.watch().borrow());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_election_of_a_shut_down_lease_reads_as_stopped() {
+    let (_db, a, _b) = pods();
+    let election = a.elect("scheduler", TTL);
+    election.leading().await;
+    a.shutdown().await;
+    let mut seen = election.watch();
+    let stopped = tokio::time::timeout(
+        ms(10_000),
+        seen.wait_for(|l| matches!(l, Leadership::Stopped { .. })),
+    )
+    .await;
+    // (An error: the election's task ended without saying so.)
+    assert!(
+        matches!(stopped, Ok(Ok(_))),
+        "{:?}",
+        *election.watch().borrow()
+    );
+    assert!(matches!(election.resign().await, Err(Error::ShutDown)));
+}
+
+/// §6.1: a `Term` is the leader's body. A worker that still holds a clone
+/// of it after its token fired is still acting as leader; the lease passes
+/// on only once every clone is dropped.
+#[tokio::test(start_paused = true)]
+async fn resign_hands_over_only_after_every_term_is_dropped() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (_db, a, b) = pods();
+    let first = a.elect("scheduler", TTL);
+    let term = first.leading().await;
+    let worker_done = Arc::new(AtomicBool::new(false));
+    let worker = tokio::spawn({
+        let (term, done) = (term.clone(), worker_done.clone());
+        async move {
+            term.token().cancelled().await;
+            sleep(ms(400)).await; // its last write
+            done.store(true, Ordering::SeqCst);
+            drop(term);
+        }
+    });
+    drop(term);
+    let second = b.elect("scheduler", TTL);
+    let mut seen = second.watch();
+    seen.wait_for(|l| matches!(l, Leadership::Following { .. }))
+        .await
+        .unwrap();
+    let resigned_at = Instant::now();
+    let resign = tokio::spawn(first.resign());
+    let next = second.leading().await;
+    assert!(
+        worker_done.load(Ordering::SeqCst),
+        "the next leader was granted {:?} after the resign, while the old leader's worker still held its Term",
+        Instant::now() - resigned_at
+    );
+    assert!(next.is_valid());
+    // Once the worker let go, the hand-over is prompt (a release, not an expiry).
+    assert!(Instant::now() - resigned_at <= ms(400) + POLL_MAX);
+    resign.await.unwrap().unwrap();
+    worker.await.unwrap();
+}
+
+/// A worker that never lets go of its `Term`: `resign` returns after the
+/// grace, and the lease is left to expire on the server, never released
+/// under the running worker.
+#[tokio::test(start_paused = true)]
+async fn resign_leaves_the_lease_of_a_term_kept_past_its_grace_to_expire() {
+    let (db, a, b) = pods();
+    let first = a.elect("scheduler", TTL);
+    let kept = first.leading().await;
+    let second = b.elect("scheduler", TTL);
+    let mut seen = second.watch();
+    seen.wait_for(|l| matches!(l, Leadership::Following { .. }))
+        .await
+        .unwrap();
+    let resigned_at = Instant::now();
+    first.resign().await.unwrap();
+    let returned = Instant::now() - resigned_at;
+    assert!(
+        returned >= TTL / 3 && returned <= TTL / 3 + ms(50),
+        "resign returned after {returned:?}, not at the grace"
+    );
+    assert!(kept.token().is_cancelled() && !kept.is_valid());
+    let next = second.leading().await;
+    let took = Instant::now() - resigned_at;
+    // Renewed up to the grace, then left: it expires a ttl after the last
+    // renewal was sent, not before.
+    assert!(
+        took >= TTL,
+        "the lease passed on after {took:?}, before it expired"
+    );
+    assert!(took <= TTL / 3 + TTL + POLL_MAX, "{took:?}");
+    assert!(next.fencing_token() > kept.fencing_token());
+    // When the worker finally lets go, nothing of the old term touches the new one.
+    drop(kept);
+    sleep(ms(100)).await;
+    let info = db.inspect("scheduler").await.unwrap().unwrap();
+    assert_eq!(info.holder, "pod-b");
+    assert!(second.is_leader());
 }

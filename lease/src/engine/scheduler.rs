@@ -2,7 +2,7 @@
 //! it keeps for releases ([`Engine::watch`]).
 //!
 //! The scheduler runs while the engine holds at least one live lease, and
-//! exits a while ([`LINGER`]) after none is left (a new one starts it again)
+//! exits a while ([`IDLE_LINGER`]) after none is left (a new one starts it again)
 //! and no call's time limit is left for it to keep. Each turn it looks at
 //! every held lease ([`Scheduler::plan`]): it cancels the tokens of leases
 //! past their deadline, hands leases whose `min_hold` is over to the release
@@ -20,14 +20,14 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::timing::{Stamp, renew_period, renew_timeout, retry_delay};
-use super::{Engine, Entry, Loss, MAX_BATCH, Names, Slot, State};
+use super::timing::{Stamp, renew_period, renew_timeout, renew_window, retry_delay};
+use super::{Engine, Entry, LeaseState, Loss, MAX_BATCH, Names, Slot};
 use crate::drop_guard::DropGuard;
 use crate::{Acquisition, Error};
 
 /// How long the scheduler stays after its last lease has ended before it
 /// exits, so that a job run in a loop does not start one per run.
-pub(super) const LINGER: Duration = Duration::from_secs(1);
+pub(super) const IDLE_LINGER: Duration = Duration::from_secs(1);
 
 /// The time limit of a call awaited elsewhere, kept by the scheduler's timer.
 #[derive(Debug)]
@@ -144,7 +144,7 @@ impl Scheduler {
         let mut idle_since: Option<Instant> = None;
         loop {
             let now = Stamp::now();
-            let plan = self.plan(now, idle_since.unwrap_or(now.mono) + LINGER);
+            let plan = self.plan(now, idle_since.unwrap_or(now.mono) + IDLE_LINGER);
             for waker in plan.expired {
                 waker.wake();
             }
@@ -214,17 +214,44 @@ impl Scheduler {
         for slot in names.slots.values() {
             let Slot::Held(entry) = slot else { continue };
             let mut t = entry.timing();
-            if t.state == State::Live && entry.max_hold_until.is_some_and(|at| now.mono >= at) {
-                entry.lose(
-                    &mut t,
-                    &self.engine.holder,
-                    Loss::MaxHold,
-                    "its max_hold ran out; releasing it",
+            let holder = &*self.engine.holder;
+            if t.state == LeaseState::Live
+                && t.wind_down_until.is_none()
+                && let Some(at) = entry.max_hold_until.filter(|at| now.mono >= *at)
+            {
+                if t.release_at.is_some() {
+                    // Its body is done already (kept for `min_hold`).
+                    entry.lose(
+                        &mut t,
+                        holder,
+                        Loss::MaxHold,
+                        "its max_hold ran out; releasing it",
+                    );
+                    plan.release.push(entry.clone());
+                    continue;
+                }
+                // §6.1: as a shutdown for this lease — the body is told, and
+                // the lease kept for it up to its grace; the guard releases.
+                crate::metrics::lost(&entry.name, Loss::MaxHold.label());
+                tracing::warn!(
+                    lease.name = %entry.name,
+                    holder,
+                    fencing_token = entry.fencing_token,
+                    reason = Loss::MaxHold.label(),
+                    grace = ?entry.grace,
+                    "its max_hold ran out: its token is cancelled; the lease is kept until its body ends, for at most its grace"
                 );
-                plan.release.push(entry.clone());
+                entry.wind_down(&mut t, at + entry.grace);
+            }
+            if t.wind_down_until.is_some_and(|at| now.mono >= at) {
+                entry.abandon(
+                    &mut t,
+                    holder,
+                    "its body is still running at the end of its grace",
+                );
                 continue;
             }
-            if t.state == State::Live && t.deadline.passed(now) {
+            if t.state == LeaseState::Live && t.deadline.passed(now) {
                 entry.lose(
                     &mut t,
                     &self.engine.holder,
@@ -235,9 +262,9 @@ impl Scheduler {
             match (t.state, t.release_at) {
                 // Handed to the scheduler for a delayed release (`min_hold`):
                 // release when due, or at once once lost.
-                (State::Lost, Some(_)) => plan.release.push(entry.clone()),
-                (State::Live, Some(at)) if at <= now.mono => plan.release.push(entry.clone()),
-                (State::Live, _) => live.push(entry.clone()),
+                (LeaseState::Lost, Some(_)) => plan.release.push(entry.clone()),
+                (LeaseState::Live, Some(at)) if at <= now.mono => plan.release.push(entry.clone()),
+                (LeaseState::Live, _) => live.push(entry.clone()),
                 _ => {}
             }
         }
@@ -262,7 +289,7 @@ impl Scheduler {
             let mut t = entry.timing();
             t.in_flight = false;
             let recheck = std::mem::take(&mut t.recheck);
-            if t.state != State::Live {
+            if t.state != LeaseState::Live {
                 continue;
             }
             if t.deadline.passed(now) {
@@ -282,7 +309,7 @@ impl Scheduler {
             });
             match outcome {
                 Ok(true) => {
-                    t.deadline.extend(sent.sent, entry.ttl);
+                    t.deadline.extend(sent.sent, entry.ttl, entry.grace);
                     // A hint of loss came while it was in flight: once more.
                     t.next_renew = if recheck {
                         now.mono
@@ -373,7 +400,11 @@ fn pick_due(live: Vec<Arc<Entry>>, now: Instant, plan: &mut Plan) {
     });
     for entry in live {
         let mut t = entry.timing();
-        for at in [t.release_at, entry.max_hold_until].into_iter().flatten() {
+        let max_hold_until = entry.max_hold_until.filter(|_| t.wind_down_until.is_none());
+        for at in [t.release_at, max_hold_until, t.wind_down_until]
+            .into_iter()
+            .flatten()
+        {
             plan.wake_at = plan.wake_at.min(at);
         }
         plan.wake_at = plan.wake_at.min(t.deadline.mono);
@@ -423,7 +454,7 @@ impl Drop for Scheduler {
             // it, and no runtime to release it on: stop it and free the name
             // (the lease ends at its ttl).
             if t.release_at.is_some() {
-                t.state = State::Stopped;
+                t.state = LeaseState::Stopped;
                 return false;
             }
             true
@@ -438,21 +469,30 @@ impl Drop for Scheduler {
 /// Split the leases due for renewal into calls, sent together.
 ///
 /// A call is given the time limit of its tightest lease, so leases are
-/// grouped by their own limit, `min(ttl/3, deadline - now)`: a lease within
-/// `ttl/3` of its deadline (its renewals have been failing) goes in a call
-/// of its own, and the others go together with leases whose renewal period
-/// is within a factor of two of theirs — a healthy lease never inherits the
-/// short limit of one about to be lost. At most [`MAX_BATCH`] leases per call.
+/// grouped by their own limit, `min(ttl/3, deadline - now)`: a lease whose
+/// renewals have been failing, or with less than half its [`renew_window`]
+/// left before its deadline, goes in a call of its own, and the others go together
+/// with leases whose renewal window (the renewal period, with a grace up to
+/// `ttl/3`) is within a factor of two of theirs — a healthy lease never
+/// inherits the short limit of one about to be lost. At most [`MAX_BATCH`]
+/// leases per call.
 fn batches(due: Vec<Arc<Entry>>, now: Instant) -> Vec<Vec<Arc<Entry>>> {
     let mut groups: HashMap<u32, Vec<Arc<Entry>>> = HashMap::new();
     let mut calls = Vec::new();
     for entry in due {
-        let period = renew_period(entry.ttl);
-        if entry.timing().deadline.mono.saturating_duration_since(now) < period {
+        let window = renew_window(entry.ttl, entry.grace);
+        // A healthy lease has its whole window left when it is due (a grace
+        // of ttl/3 leaves exactly that), so "less than the window" is not
+        // what tells a failing lease: its failed renewals are, or a deadline
+        // less than half a window away (a scheduler woken late).
+        let t = entry.timing();
+        let failing = t.failures > 0 || t.deadline.mono.saturating_duration_since(now) < window / 2;
+        drop(t);
+        if failing {
             calls.push(vec![entry]);
         } else {
-            // The renewal period's power of two, in milliseconds.
-            let ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+            // The renewal window's power of two, in milliseconds.
+            let ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
             groups.entry(ms.max(1).ilog2()).or_default().push(entry);
         }
     }

@@ -4,13 +4,18 @@
 //! For a lease with time-to-live `ttl`:
 //!
 //! - the send time `t_send` of each acquire or renew request is read
-//!   *before* the request; on success the local deadline becomes
-//!   `t_send + ttl - margin`, `margin = ttl/100 + 2 ms`, never a time
-//!   computed from the reply;
+//!   *before* the request; on success the local deadline — when the token
+//!   fires unless a renewal succeeds — becomes `t_send + ttl - grace`,
+//!   never a time computed from the reply. `grace` ([`default_grace`]:
+//!   `ttl/3`) is the time the body gets to stop before the lease could pass
+//!   to another holder; it lies from [`margin`] (`ttl/100 + 2 ms`, the
+//!   least, for clock rate drift and the request's way out) to `ttl/2`
+//!   ([`check_grace`]);
 //! - a renewal is due `ttl/3` after the last successful request was sent,
 //!   and each attempt is given at most `min(ttl/3, deadline - now)`;
 //! - a failed renewal is retried after [`retry_delay`];
-//! - an acquire is given `min(ttl - margin, 30 s)`, a release `min(ttl, 30 s)`;
+//! - an acquire is given `min(ttl - margin, 30 s)` (and the engine cuts it
+//!   to `ttl - grace`), a release `min(ttl, 30 s)`;
 //! - each deadline is kept on the monotonic clock and on the wall clock
 //!   ([`Deadline`]), and has passed when either clock says so.
 
@@ -21,9 +26,47 @@ use tokio::time::Instant;
 /// Longest time any single acquire or release call is given, whatever the ttl.
 pub(crate) const CALL_TIMEOUT_CAP: Duration = Duration::from_secs(30);
 
-/// Safety margin subtracted from the ttl for the local deadline: `ttl/100 + 2ms`.
+/// The least grace: `ttl/100 + 2ms` (a local clock running up to 1% slow,
+/// and the time the request takes to reach the server).
 pub(crate) fn margin(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
+}
+
+/// The grace of a lease when none is given: `ttl/3`.
+///
+/// What holds with it (and the renewal period of `ttl/3`): the first
+/// renewal is sent `ttl/3` after the last successful request, the token
+/// fires `2·ttl/3` after it, so failed renewals have one whole renewal
+/// period to be retried in ([`retry_delay`]: `ttl/30`, doubling — four
+/// attempts, at `ttl/3`, `+ttl/30`, `+ttl/10`, `+7·ttl/30`; an attempt that
+/// hangs is cut off at the deadline, [`renew_timeout`]), and then the body
+/// has a third of the ttl to stop before the lease can pass on. That third
+/// also covers a local clock running up to 1.5× slow against the server's:
+/// `2·ttl/3` of local time is then at most `ttl` on the server. A larger
+/// grace shortens the retry window: at `ttl/2`, the most, it is `ttl/6`
+/// (two or three attempts); at the margin it is `2·ttl/3`.
+pub(crate) fn default_grace(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// How long a healthy lease's renewal has before the deadline when it is
+/// due: `min(ttl/3, ttl - grace - ttl/3)` — the renewal period with the
+/// default grace (or any grace up to `ttl/3`), less with a larger one. A
+/// lease with less left than this has been failing; the scheduler renews it
+/// alone, so that its short time limit is not imposed on healthy leases.
+pub(crate) fn renew_window(ttl: Duration, grace: Duration) -> Duration {
+    let period = renew_period(ttl);
+    period.min(ttl.saturating_sub(grace).saturating_sub(period))
+}
+
+/// A grace is from [`margin`] to `ttl/2`: less would let the lease pass on
+/// before the token fires on a slightly slow clock; more would leave less
+/// than a sixth of the ttl to retry renewals in.
+pub(crate) fn check_grace(ttl: Duration, grace: Duration) -> Result<(), crate::Error> {
+    if grace < margin(ttl) || grace > ttl / 2 {
+        return Err(crate::Error::InvalidGrace { grace, ttl });
+    }
+    Ok(())
 }
 
 /// How long after a successful request the next renewal is sent.
@@ -93,11 +136,12 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
-    /// The deadline of a lease whose request, sent at `sent`, succeeded.
-    pub(crate) fn after(sent: Stamp, ttl: Duration) -> Self {
+    /// The deadline of a lease whose request, sent at `sent`, succeeded:
+    /// `grace` before the lease could pass to another holder.
+    pub(crate) fn after(sent: Stamp, ttl: Duration, grace: Duration) -> Self {
         Self {
-            mono: sent.mono + ttl - margin(ttl),
-            wall: sent.wall + ttl - margin(ttl),
+            mono: sent.mono + ttl - grace,
+            wall: sent.wall + ttl - grace,
         }
     }
 
@@ -108,8 +152,8 @@ impl Deadline {
 
     /// Extend it after another request, sent at `sent`, succeeded; never
     /// shortens it.
-    pub(crate) fn extend(&mut self, sent: Stamp, ttl: Duration) {
-        let later = Self::after(sent, ttl);
+    pub(crate) fn extend(&mut self, sent: Stamp, ttl: Duration, grace: Duration) {
+        let later = Self::after(sent, ttl, grace);
         self.mono = self.mono.max(later.mono);
         self.wall = self.wall.max(later.wall);
     }
@@ -154,6 +198,48 @@ mod tests {
     }
 
     #[test]
+    fn a_grace_is_from_the_margin_to_half_the_ttl() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(default_grace(ttl), ms(1000));
+        assert!(check_grace(ttl, ms(32)).is_ok());
+        assert!(check_grace(ttl, ms(1500)).is_ok());
+        assert!(check_grace(ttl, ms(31)).is_err());
+        assert!(check_grace(ttl, ms(1501)).is_err());
+        assert!(check_grace(ttl, default_grace(ttl)).is_ok());
+        // The default is valid for every valid ttl.
+        for ttl in [ms(10), ms(11), ms(1000), Duration::from_secs(86_400)] {
+            assert!(check_grace(ttl, default_grace(ttl)).is_ok(), "{ttl:?}");
+        }
+    }
+
+    /// With the default grace, failed renewals are retried over one whole
+    /// renewal period before the token fires.
+    #[test]
+    fn the_default_grace_leaves_a_renewal_period_of_retries() {
+        let ttl = Duration::from_secs(3);
+        let deadline = ttl - default_grace(ttl);
+        let mut at = renew_period(ttl);
+        let mut attempts = vec![at];
+        for failures in 1.. {
+            at += retry_delay(ttl, failures);
+            if at >= deadline {
+                break;
+            }
+            attempts.push(at);
+        }
+        assert_eq!(attempts, [ms(1000), ms(1100), ms(1300), ms(1700)]);
+        assert_eq!(deadline - renew_period(ttl), renew_period(ttl));
+    }
+
+    #[test]
+    fn the_renew_window_is_the_period_unless_the_grace_is_larger() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(renew_window(ttl, default_grace(ttl)), ms(1000));
+        assert_eq!(renew_window(ttl, margin(ttl)), ms(1000));
+        assert_eq!(renew_window(ttl, ms(1500)), ms(500));
+    }
+
+    #[test]
     fn retries_back_off_between_bounds() {
         let ttl = Duration::from_secs(3);
         let delays: Vec<Duration> = (1..=6).map(|f| retry_delay(ttl, f)).collect();
@@ -189,8 +275,10 @@ mod tests {
     async fn a_deadline_passes_by_either_clock_and_only_grows() {
         let ttl = Duration::from_secs(3);
         let sent = Stamp::now();
-        let mut deadline = Deadline::after(sent, ttl);
+        let mut deadline = Deadline::after(sent, ttl, margin(ttl));
         assert_eq!(deadline.mono - sent.mono, ms(2968));
+        let default = Deadline::after(sent, ttl, default_grace(ttl));
+        assert_eq!(default.mono - sent.mono, ms(2000));
         assert!(!deadline.passed(sent));
         let later = Stamp {
             mono: sent.mono + ms(2968),
@@ -203,7 +291,7 @@ mod tests {
         };
         assert!(deadline.passed(suspended), "by the wall clock");
         let before = deadline.mono;
-        deadline.extend(sent, ms(10));
+        deadline.extend(sent, ms(10), margin(ms(10)));
         assert_eq!(deadline.mono, before, "a shorter renewal never shortens it");
     }
 }

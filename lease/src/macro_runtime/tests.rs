@@ -1,7 +1,7 @@
 //! `#[singleton]`'s runtime side under tokio's paused clock, against `Memory`.
 
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::{Instant, sleep, sleep_until};
 
@@ -25,7 +25,10 @@ fn job() -> Settings<'static> {
         ttl: TTL,
         min_hold: None,
         max_hold: None,
+        grace: None,
         wait: None,
+        once_per: None,
+        retry_failed: false,
     }
 }
 
@@ -106,15 +109,32 @@ async fn an_acquisition_error_returns_the_skipped_value() {
 
 #[tokio::test(start_paused = true)]
 async fn no_lease_is_skipped_with_an_error_log_not_a_panic() {
+    // A name of its own: the once-per-name record is the process's.
+    let settings = || Settings {
+        name: "no-lease-job",
+        ..job()
+    };
     let (logs, _guard) = capture_logs();
     let ran = Mutex::new(false);
-    assert_eq!(tick(None, &ran, Some(1)).await, None);
+    let body = |_, _| async {
+        *ran.lock().unwrap() = true;
+        Some(1)
+    };
+    assert_eq!(run(None, settings(), body).await, None);
     assert!(!*ran.lock().unwrap());
-    let logs = logs.text();
-    assert!(logs.contains("ERROR"), "{logs}");
-    assert!(logs.contains("lease::set_global_default"), "{logs}");
-    assert!(logs.contains("lease = ..."), "{logs}");
-    assert!(logs.contains("lease.name=\"job\""), "{logs}");
+    let text = logs.text();
+    assert!(text.contains("ERROR"), "{text}");
+    assert!(text.contains("leasehold::set_global_default"), "{text}");
+    assert!(text.contains("lease = ..."), "{text}");
+    assert!(text.contains("lease.name=\"no-lease-job\""), "{text}");
+
+    // Every tick after that is skipped too, but not logged at error again.
+    for _ in 0..3 {
+        assert_eq!(run(None, settings(), body).await, None);
+    }
+    let text = logs.text();
+    assert_eq!(text.matches("ERROR").count(), 1, "{text}");
+    assert!(!*ran.lock().unwrap());
 }
 
 #[tokio::test(start_paused = true)]
@@ -378,6 +398,39 @@ async fn invalid_run_time_durations_are_skipped_and_logged() {
     assert_eq!(run_with(&a, good).await, (Some(1), true));
 }
 
+/// A `grace` expression is checked at each call against the ttl, from the
+/// margin (ttl/100 + 2 ms) to ttl/2: outside, the run is skipped with
+/// `Error::InvalidGrace`, logged; inside, it sets when failing renewals
+/// fire the token.
+#[tokio::test(start_paused = true)]
+async fn a_run_time_grace_is_checked_against_the_ttl() {
+    let (db, a, _) = pods();
+    let (logs, _guard) = capture_logs();
+    for grace in [ms(31), ms(1_501)] {
+        let settings = Settings {
+            grace: Some(grace),
+            ..job()
+        };
+        assert_eq!(run_with(&a, settings).await, (None, false), "{grace:?}");
+        assert_eq!(db.holder("job"), None, "not even acquired");
+        let returned: Result<(), Error> =
+            super::run_or_err(Some(a.clone()), settings, |_, _| async { Ok(()) }).await;
+        assert!(
+            matches!(returned, Err(Error::InvalidGrace { grace: g, ttl: TTL }) if g == grace),
+            "{returned:?}"
+        );
+    }
+    let logs = logs.text();
+    assert_eq!(logs.matches("invalid `grace`").count(), 4, "{logs}");
+    for grace in [ms(32), ms(1_500)] {
+        let settings = Settings {
+            grace: Some(grace),
+            ..job()
+        };
+        assert_eq!(run_with(&a, settings).await, (Some(1), true), "{grace:?}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn wait_runs_the_body_once_the_holder_lets_go() {
     let (_db, a, b) = pods();
@@ -515,4 +568,155 @@ fn as_name_accepts_every_way_of_holding_a_string() {
     assert_eq!(AsName::as_name(&Box::<str>::from("n")), "n");
     assert_eq!(AsName::as_name(&Arc::<str>::from("n")), "n");
     assert_eq!(AsName::as_name(&Rc::<str>::from("n")), "n");
+}
+
+/// `once_per = "1m"`.
+const PERIOD: Duration = Duration::from_secs(60);
+
+/// Sleep until 1 s into the next slot of `period` by a `Memory` made just
+/// now (its clock is the wall clock at creation advanced by tokio's, which
+/// is paused), so that the calls that follow, less than `period - 1 s`
+/// apart, share a slot.
+async fn into_next_slot(period: Duration) {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    let period_ms = period.as_millis();
+    let to_next = u64::try_from(period_ms - now % period_ms).unwrap();
+    sleep(ms(to_next + 1_000)).await;
+}
+
+/// A second run in a slot that ran already returns the skipped value,
+/// logged at debug (it is the normal case on every replica but one), also
+/// with `on_error = "return"`; the next slot runs again.
+#[tokio::test(start_paused = true)]
+async fn once_per_runs_a_slot_once_and_skips_the_rest_at_debug() {
+    let (_db, a, b) = pods();
+    into_next_slot(PERIOD).await;
+    let (logs, _guard) = capture_logs();
+    let settings = Settings {
+        once_per: Some(PERIOD),
+        ..job()
+    };
+    assert_eq!(run_with(&a, settings).await, (Some(1), true));
+    sleep(ms(1)).await;
+    assert_eq!(run_with(&a, settings).await, (None, false), "same pod");
+    assert_eq!(run_with(&b, settings).await, (None, false), "other pod");
+    let returned: Result<Option<u8>, Error> =
+        run_or_err(Some(b.clone()), settings, |_, _| async { Ok(Some(1)) }).await;
+    assert!(
+        matches!(returned, Ok(None)),
+        "skipped, not an error: {returned:?}"
+    );
+    let text = logs.text();
+    assert_eq!(text.matches("has run already").count(), 3, "{text}");
+    assert!(
+        text.lines()
+            .filter(|line| line.contains("has run already"))
+            .all(|line| line.contains("DEBUG")),
+        "{text}"
+    );
+    assert!(!text.contains("WARN"), "{text}");
+
+    sleep(PERIOD).await;
+    assert_eq!(
+        run_with(&b, settings).await,
+        (Some(1), true),
+        "the next slot"
+    );
+}
+
+/// With `retry_failed`, a body that did not succeed (`Err`) leaves its slot
+/// to be run again, by any pod, until a run succeeds; without it, the
+/// failed run used the slot up.
+#[tokio::test(start_paused = true)]
+async fn retry_failed_runs_a_failed_slot_again_until_it_succeeds() {
+    let (_db, a, b) = pods();
+    into_next_slot(PERIOD).await;
+    for retry_failed in [true, false] {
+        let name = if retry_failed {
+            "retried"
+        } else {
+            "not-retried"
+        };
+        let settings = Settings {
+            name,
+            once_per: Some(PERIOD),
+            retry_failed,
+            ..job()
+        };
+        let runs = Mutex::new(Vec::new());
+        let call = |pod: &Lease, fail: bool| {
+            let (pod, runs) = (pod.clone(), &runs);
+            async move {
+                run(Some(pod.clone()), settings, |_, _| async move {
+                    runs.lock().unwrap().push(pod.holder().to_owned());
+                    if fail { Err("the job failed") } else { Ok(()) }
+                })
+                .await
+            }
+        };
+        assert_eq!(call(&a, true).await, Err("the job failed"));
+        sleep(ms(1)).await;
+        if retry_failed {
+            assert_eq!(call(&b, true).await, Err("the job failed"), "ran again");
+            sleep(ms(1)).await;
+            assert_eq!(call(&a, false).await, Ok(()), "ran again");
+            sleep(ms(1)).await;
+            assert_eq!(call(&b, false).await, Ok(()), "skipped");
+            assert_eq!(*runs.lock().unwrap(), ["a", "b", "a"]);
+        } else {
+            assert_eq!(call(&b, false).await, Ok(()), "skipped");
+            assert_eq!(call(&a, false).await, Ok(()), "skipped");
+            assert_eq!(*runs.lock().unwrap(), ["a"]);
+        }
+    }
+}
+
+/// A `once_per` expression is checked at each call: zero, a fraction of a
+/// millisecond or more than 366 days skips the run with
+/// `Error::InvalidDuration`, logged at warn.
+#[tokio::test(start_paused = true)]
+async fn an_invalid_run_time_once_per_is_skipped_and_logged() {
+    let (db, a, _) = pods();
+    let (logs, _guard) = capture_logs();
+    for period in [
+        Duration::ZERO,
+        Duration::from_micros(1_500),
+        crate::MAX_PERIOD + ms(1),
+    ] {
+        for retry_failed in [false, true] {
+            let settings = Settings {
+                once_per: Some(period),
+                retry_failed,
+                ..job()
+            };
+            assert_eq!(run_with(&a, settings).await, (None, false), "{period:?}");
+            assert_eq!(db.holder("job"), None, "not even acquired");
+        }
+        let settings = Settings {
+            once_per: Some(period),
+            ..job()
+        };
+        let returned: Result<(), Error> =
+            run_or_err(Some(a.clone()), settings, |_, _| async { Ok(()) }).await;
+        assert!(
+            matches!(returned, Err(Error::InvalidDuration { argument: "once_per", duration }) if duration == period),
+            "{returned:?}"
+        );
+    }
+    let logs = logs.text();
+    assert_eq!(logs.matches("WARN").count(), 9, "{logs}");
+    assert_eq!(logs.matches("invalid `once_per`").count(), 9, "{logs}");
+    // The boundaries themselves are fine (each under a name of its own: a
+    // slot's number depends on the period).
+    for (name, period) in [("shortest", ms(1)), ("longest", crate::MAX_PERIOD)] {
+        let settings = Settings {
+            name,
+            once_per: Some(period),
+            ..job()
+        };
+        assert_eq!(run_with(&a, settings).await, (Some(1), true), "{period:?}");
+    }
 }

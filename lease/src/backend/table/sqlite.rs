@@ -2,112 +2,126 @@
 //! default for replicas on one host.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::{
-    Info, LIST_SIZES, Layout, Ready, Renewal, Table, Templates, list_size, renewed_of, sealed,
+    Column, Dialect, LIST_SIZES, Layout, Ready, RowChange, Table, TableAnswer, TableRenewal,
+    TableRequest, Templates, explain, lease_info, list_size, renewed_of, sealed, shape,
 };
-use crate::Error;
+use crate::{Error, LeaseInfo};
 
-/// The host's wall clock as integer Unix milliseconds, computed by SQLite.
-///
-/// SQLite keeps `'now'` fixed within one `sqlite3_step()`, so every use in a
-/// statement sees the same instant. `julianday` (milliseconds precision
-/// internally) works on every SQLite version, unlike `unixepoch('subsec')`
+/// `migrations/sqlite/0001_task_leases.sql` with the columns of
+/// `0002_add_last_slot_and_value.sql`: [`SQLITE_ADD_LAST_SLOT`],
+/// [`SQLITE_ADD_VALUE`].
+const SQLITE_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS task_leases (
+    name TEXT PRIMARY KEY NOT NULL,
+    holder TEXT NOT NULL,
+    expires_at INTEGER NOT NULL /* unix time in ms, from the host clock */,
+    fence INTEGER NOT NULL,
+    last_slot INTEGER NULL,
+    value TEXT NULL
+);
+";
+
+const SQLITE_ADD_LAST_SLOT: &str = "ALTER TABLE task_leases ADD COLUMN last_slot INTEGER NULL;\n";
+const SQLITE_ADD_VALUE: &str = "ALTER TABLE task_leases ADD COLUMN value TEXT NULL;\n";
+
+const SQLITE_ADD_FENCE: &str =
+    "ALTER TABLE task_leases ADD COLUMN fence INTEGER NOT NULL DEFAULT 0;\n";
+
+/// `{now}`: the host's wall clock as integer Unix milliseconds, computed by
+/// SQLite, which keeps `'now'` fixed within one `sqlite3_step()`.
+/// `julianday` works on every SQLite version, unlike `unixepoch('subsec')`
 /// (3.42+), which older versions silently evaluate to NULL.
-macro_rules! now_ms {
-    () => {
-        "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
-    };
-}
+const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)";
 
-/// The `CREATE TABLE` of the table `$table`: with `"{table}"` the template
-/// of every table, with `"task_leases"` [`SqliteTable::SCHEMA`]. One text, so
-/// the two cannot drift apart.
-macro_rules! create_table {
-    ($table:literal) => {
-        concat!(
-            "CREATE TABLE IF NOT EXISTS ",
-            $table,
-            " (\n    \
-             name TEXT PRIMARY KEY NOT NULL,\n    \
-             holder TEXT NOT NULL,\n    \
-             expires_at INTEGER NOT NULL /* unix time in ms, from the host clock */,\n    \
-             fence INTEGER NOT NULL\n)"
-        )
-    };
-}
-
-const TEMPLATES: Templates = Templates {
-    create: create_table!("{table}"),
-    add_fence: "ALTER TABLE {table} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0",
+// The statements bind by number: name, holder, ttl in ms, fence; or as each says.
+const SQLITE_SQL: Templates = Templates {
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
     // the idempotent re-acquire of our own live lease keeps it. The SET
     // expressions all see the old row. When the row is held by someone else
     // the WHERE fails and nothing is returned.
-    acquire: concat!(
-        "INSERT INTO {table} AS l (name, holder, expires_at, fence) VALUES (?1, ?2, ",
-        now_ms!(),
-        " + ?3, 1) ON CONFLICT (name) DO UPDATE SET \
-         holder = excluded.holder, \
-         expires_at = excluded.expires_at, \
-         fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > ",
-        now_ms!(),
-        " THEN l.fence ELSE l.fence + 1 END WHERE l.expires_at <= ",
-        now_ms!(),
-        " OR l.holder = excluded.holder RETURNING fence"
-    ),
-    // Renew and release match the acquisition: name, holder and fence.
-    renew: concat!(
-        "UPDATE {table} SET expires_at = ",
-        now_ms!(),
-        " + ?3 WHERE name = ?1 AND holder = ?2 AND fence = ?4 AND expires_at > ",
-        now_ms!()
-    ),
+    acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
+              VALUES (?1, ?2, {now} + ?3, 1) ON CONFLICT (name) DO UPDATE SET \
+              holder = excluded.holder, expires_at = excluded.expires_at, \
+              fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
+              THEN l.fence ELSE l.fence + 1 END{clear_value} \
+              WHERE l.expires_at <= {now} OR l.holder = excluded.holder RETURNING fence",
+    // An acquisition with a slot or a value is a read (`probe`), and when
+    // that found the name free for it, this statement, which decides again
+    // (a refused upsert returns nothing, so the read says why). ?4: the
+    // slot read, ?5: retry_failed (the slot is not recorded now), ?6: the
+    // value.
+    acquire_with: "INSERT INTO {table} AS l (name, holder, expires_at, fence, last_slot, value) \
+                   VALUES (?1, ?2, {now} + ?3, 1, CASE WHEN ?5 THEN NULL ELSE ?4 END, ?6) \
+                   ON CONFLICT (name) DO UPDATE SET \
+                   holder = excluded.holder, expires_at = excluded.expires_at, \
+                   fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
+                   THEN l.fence ELSE l.fence + 1 END, \
+                   last_slot = coalesce(excluded.last_slot, l.last_slot), value = excluded.value \
+                   WHERE (l.expires_at <= {now} OR l.holder = excluded.holder) \
+                   AND coalesce(l.last_slot < ?4, 1) RETURNING fence",
+    // ?1: the period in ms, ?2: the name, ?3: the holder. The slot by the
+    // host's clock, the slot recorded, another holder's microseconds left.
+    probe: "SELECT s.slot, l.last_slot, \
+            CASE WHEN l.holder <> ?3 THEN (l.expires_at - {now}) * 1000 END \
+            FROM (SELECT {now} / ?1 AS slot) AS s LEFT JOIN {table} AS l ON l.name = ?2",
+    acquire_new: "",
     // A released row expires at the epoch, not at "now": expired for every
     // statement, whatever instant it takes as its "now".
-    release: concat!(
-        "UPDATE {table} SET expires_at = 0 \
-         WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > ",
-        now_ms!()
-    ),
-    // Many renewals in one statement: `(name, ttl, fence)` triples, then
-    // the holder; the (name, fence) of the rows renewed come back.
-    renew_many: concat!(
-        "UPDATE {table} AS l SET expires_at = ",
-        now_ms!(),
-        " + b.lease_ttl FROM (SELECT column1 AS lease_name, column2 AS lease_ttl, \
-         column3 AS lease_fence FROM (VALUES {list})) AS b \
-         WHERE l.name = b.lease_name AND l.fence = b.lease_fence AND l.holder = ? \
-         AND l.expires_at > ",
-        now_ms!(),
-        " RETURNING name, fence"
-    ),
+    release: "UPDATE {table} SET expires_at = 0{clear_value} \
+              WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > {now}",
+    // ?4: the slot, recorded whoever has the row; the release only if it is
+    // still this acquisition's (the SET expressions see the old row).
+    release_ran: "UPDATE {table} SET last_slot = max(coalesce(last_slot, ?4), ?4), \
+                  expires_at = CASE WHEN holder = ?2 AND fence = ?3 AND expires_at > {now} \
+                  THEN 0 ELSE expires_at END, \
+                  value = CASE WHEN holder = ?2 AND fence = ?3 AND expires_at > {now} \
+                  THEN NULL ELSE value END \
+                  WHERE name = ?1",
+    publish: "UPDATE {table} SET value = ?4 \
+              WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > {now}",
+    force_release: "UPDATE {table} SET holder = ''{clear_value} \
+                    WHERE name = ?1 AND holder <> '' AND expires_at > {now}",
+    force_release_now: "UPDATE {table} SET expires_at = 0{clear_value} \
+                        WHERE name = ?1 AND expires_at > {now}",
+    info: "SELECT name, holder, fence, (expires_at - {now}) * 1000, {value}, {last_slot} \
+           FROM {table} WHERE name = ?1",
+    list: "SELECT name, holder, fence, (expires_at - {now}) * 1000, {value}, {last_slot} \
+           FROM {table} ORDER BY name",
+    // `(name, ttl, fence)` triples, then the holder; the (name, fence) of
+    // the rows renewed come back.
+    renew_many: "UPDATE {table} AS l SET expires_at = {now} + b.lease_ttl \
+                 FROM (SELECT column1 AS lease_name, column2 AS lease_ttl, \
+                 column3 AS lease_fence FROM (VALUES {list})) AS b \
+                 WHERE l.name = b.lease_name AND l.fence = b.lease_fence AND l.holder = ? \
+                 AND l.expires_at > {now} RETURNING name, fence",
     renewed_many: "",
     list_item: "(?, ?, ?)",
-    // The row of a lease, and the microseconds until it expires.
-    info: concat!(
-        "SELECT holder, fence, (expires_at - ",
-        now_ms!(),
-        ") * 1000 FROM {table} WHERE name = ?1"
-    ),
-    // Every row, as `info` reads one.
-    list: concat!(
-        "SELECT name, holder, fence, (expires_at - ",
-        now_ms!(),
-        ") * 1000 FROM {table} ORDER BY name"
-    ),
-    // An operator's release: the live row of the name, whoever holds it,
-    // expired as `release` expires it; the fence stays.
-    force_release: concat!(
-        "UPDATE {table} SET expires_at = 0 WHERE name = ?1 AND expires_at > ",
-        now_ms!()
-    ),
+    // A no-op write of the row: the transaction becomes the database's one
+    // writer (a SELECT in a deferred transaction would not stop another
+    // connection's write in WAL mode), so every other write — an
+    // acquisition, a renewal — waits for it to end.
+    check_in: "UPDATE {table} SET holder = holder \
+               WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > {now} \
+               RETURNING ''",
 };
+
+/// The columns of the table `?1` in the schema `?2` (any, if NULL): name,
+/// type, a default, NULL allowed, unique on its own (a unique index, the
+/// primary key's included, of that column alone, not partial). No rows:
+/// no table.
+const SQLITE_COLUMNS: &str = "SELECT c.name, lower(c.type), c.dflt_value IS NOT NULL, \
+     c.\"notnull\" = 0, EXISTS (SELECT 1 FROM pragma_index_list(?1, ?2) AS i \
+     WHERE i.\"unique\" AND NOT i.partial \
+     AND (SELECT count(*) FROM pragma_index_info(i.name, ?2)) = 1 \
+     AND (SELECT ii.name FROM pragma_index_info(i.name, ?2) AS ii) = c.name) \
+     FROM pragma_table_info(?1, ?2) AS c";
 
 /// How long a statement waits for another connection's write lock before it
 /// fails with `SQLITE_BUSY`, in connections made by `SqliteTable::open`.
@@ -122,55 +136,36 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// | column | type | meaning |
 /// |---|---|---|
 /// | `name` | `TEXT PRIMARY KEY NOT NULL` | the lease name, compared byte for byte |
-/// | `holder` | `TEXT NOT NULL` | who holds (or last held) the lease |
+/// | `holder` | `TEXT NOT NULL` | who holds (or last held) the lease; empty once force-released |
 /// | `expires_at` | `INTEGER NOT NULL` | when the lease ends, in Unix milliseconds |
 /// | `fence` | `INTEGER NOT NULL` | the fencing counter of the name |
+/// | `last_slot` | `INTEGER NULL` | the last schedule slot claimed ([`Job::once_per`](crate::Job::once_per)) |
+/// | `value` | `TEXT NULL` | what the holder published ([`Election::proclaim`](crate::Election::proclaim)) |
 ///
 /// [`open`](Table::open) creates the file and the table; with your own pool
 /// use [`new`](Table::new) and [`ensure_schema`](Table::ensure_schema), or
-/// create the table with your own migration tool from
-/// [`SqliteTable::SCHEMA`] (`migrations/sqlite/0001_task_leases.sql`
-/// in the repository).
+/// create the table from [`SqliteTable::SCHEMA`].
 ///
-/// - **Clock.** Expiry is computed inside SQL from the host's wall clock
-///   (`julianday('now')`), never by the caller; as all users of the file run
-///   on one host, they share that clock. Stepping the host clock shortens or
-///   lengthens leases accordingly. A lease is live while `expires_at` is
-///   after now.
-/// - **Statements.** Acquire is a single
-///   `INSERT .. ON CONFLICT .. DO UPDATE .. WHERE .. RETURNING fence`; renew
-///   and release are single `UPDATE`s; a batch of renewals is one
-///   `UPDATE .. FROM (VALUES (?, ?, ?), ..) .. RETURNING name, fence` per
-///   1,000 leases (one write transaction), the list padded (repeating a
-///   lease) to one of a few lengths so that a connection prepares at most 11
-///   variants. Batches run one after the other: SQLite has one writer at a
-///   time anyway.
-/// - **Concurrency.** Several processes may share the file. SQLite lets one
-///   writer in at a time; a statement that cannot get the write lock within
-///   the busy timeout fails with `SQLITE_BUSY`, which is returned as
-///   [`Error::Database`] — a transient error, never "held elsewhere".
+/// - **Clock.** Expiry is computed inside SQL from the host's wall clock,
+///   which all users of the file share; stepping it shortens or lengthens
+///   leases accordingly.
+/// - **Concurrency.** Several processes may share the file. A statement
+///   that cannot get SQLite's one write lock within the busy timeout fails
+///   with `SQLITE_BUSY`, returned as [`Error::Database`] — a transient
+///   error, never "held elsewhere".
+/// - **Waiting.** SQLite cannot push a release to other processes: waiters
+///   poll, every `ttl/10` (at most 1 s, at least 10 ms) with ±20% jitter.
+///   Within one [`Lease`](crate::Lease) a release wakes its waiters at once.
 ///
-/// - **Waiting** ([`Lease::acquire`](crate::Lease::acquire) with a wait,
-///   an [`Election`](crate::Election)): SQLite cannot push a release (to
-///   other processes), so waiters poll, every `ttl/10` (at most 1 s, at
-///   least 10 ms) with ±20% jitter. Within one [`Lease`](crate::Lease) a
-///   release wakes its waiters at once.
-/// - **Inspect.** [`Backend::inspect`](crate::Backend::inspect) is one
-///   `SELECT` of the row: holder (the last one, once released or expired),
-///   fence and time left by the host's clock, in milliseconds. `Ok(None)`
-///   when there is no row.
-///
-/// Everything else — fencing, release, the pool — is the same for every
-/// table backend: see [`Table`]. With [`open`](Table::open), the leases
-/// have a pool of their own.
+/// For what every table backend does, see [`Table`].
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::Duration;
-/// use lease::{Acquisition, Backend, backend::SqliteTable};
+/// use leasehold::{Acquisition, Backend, backend::SqliteTable};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lease::Error> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), leasehold::Error> {
 /// let path = std::env::temp_dir().join(format!("lease-doc-{}.db", std::process::id()));
 /// let table = SqliteTable::open(&path).await?;
 ///
@@ -181,7 +176,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// let fence = first.and_then(|g| g.fencing_token);
 /// table.release(Acquisition::new("nightly-report", "pod-a", fence)).await?;
 /// let second = table.acquire("nightly-report", "pod-b", Duration::from_secs(90)).await?;
-/// let fence = |g: Option<lease::Grant>| g.and_then(|g| g.fencing_token);
+/// let fence = |g: Option<leasehold::Grant>| g.and_then(|g| g.fencing_token);
 /// assert_eq!(fence(second), fence(first).map(|f| f + 1));
 /// # table.pool().close().await;
 /// # for suffix in ["", "-wal", "-shm"] {
@@ -191,27 +186,25 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 pub type SqliteTable = Table<SqliteDialect>;
 
-dialect! {
-    /// The SQLite [`Dialect`](super::Dialect) of [`SqliteTable`].
-    SqliteDialect
-}
+/// The SQLite [`Dialect`] of [`SqliteTable`].
+#[derive(Debug, Clone, Copy)]
+pub enum SqliteDialect {}
+
+impl Dialect for SqliteDialect {}
 
 impl Table<SqliteDialect> {
     /// Opens (creating it if missing) the database file at `path` and the
     /// table `task_leases` in it.
     ///
-    /// The connections use WAL journaling (readers and the writer do not
-    /// block each other, and the file may be shared by several processes),
-    /// `synchronous = NORMAL` (durable across a process crash; a power loss may
-    /// forget the last commits, which for leases means they end early) and a
-    /// busy timeout of 5 seconds. Then it runs
-    /// [`ensure_schema`](Table::ensure_schema).
+    /// The connections use WAL journaling (the file may be shared by
+    /// several processes), `synchronous = NORMAL` (a power loss may forget
+    /// the last commits: leases then end early) and a busy timeout of 5 s.
     ///
     /// # Examples
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), lease::Error> {
-    /// let table = lease::backend::SqliteTable::open("/var/lib/app/leases.db").await?;
+    /// # async fn f() -> Result<(), leasehold::Error> {
+    /// let table = leasehold::backend::SqliteTable::open("/var/lib/app/leases.db").await?;
     /// # Ok(()) }
     /// ```
     ///
@@ -235,12 +228,10 @@ impl Table<SqliteDialect> {
     }
 }
 
-/// Puts the database file into WAL mode, once, with one connection.
-///
-/// Changing the journal mode needs an exclusive lock that SQLite does not
-/// wait for with its busy timeout: when several processes open a new file at
-/// once, all but one get `SQLITE_BUSY` at once. Retry for up to the busy
-/// timeout.
+/// Puts the database file into WAL mode, once, with one connection. That
+/// takes an exclusive lock SQLite does not wait for: when several processes
+/// open a new file at once, all but one get `SQLITE_BUSY` at once, and try
+/// again for up to the busy timeout.
 async fn switch_to_wal(options: &SqliteConnectOptions) -> Result<(), Error> {
     use sqlx::ConnectOptions;
 
@@ -274,72 +265,103 @@ fn is_busy(e: &sqlx::Error) -> bool {
 
 // Sealed: the calls use the crate's own types.
 #[allow(private_interfaces)]
-impl sealed::Calls for SqliteDialect {
+impl sealed::SqlDialect for SqliteDialect {
     type Database = Sqlite;
     const NAME: &'static str = "SqliteTable";
-    const TEMPLATES: Templates = TEMPLATES;
-    const SCHEMA: &'static str = concat!(create_table!("task_leases"), ";\n");
-    const CONCURRENT_BATCHES: bool = false;
+    const SCHEMA: &'static str = SQLITE_SCHEMA;
+    const ADD_FENCE: &'static str = SQLITE_ADD_FENCE;
+    const ADD_LAST_SLOT: &'static str = SQLITE_ADD_LAST_SLOT;
+    const ADD_VALUE: &'static str = SQLITE_ADD_VALUE;
+    const TEMPLATES: Templates = SQLITE_SQL;
 
-    fn default_layout() -> Layout {
-        Layout::NONE
-    }
-
-    /// Nothing to look at: the statements have no placeholders, and no
-    /// service of another kind shares a SQLite file.
-    async fn inspect(_: &Table<Self>) -> Result<Layout, Error> {
-        Ok(Layout::NONE)
-    }
-
-    plain_create!();
-
-    numbered_calls!();
-
-    async fn info(t: Ready<'_, Self>, name: &str) -> Result<Option<Info>, sqlx::Error> {
-        let row: Option<(String, i64, Option<i64>)> =
-            sqlx::query_as(AssertSqlSafe(t.sql.info.clone()))
-                .bind(name)
-                .fetch_optional(t.pool)
-                .await?;
-        Ok(row.map(|(holder, fence, left_us)| Info {
-            holder,
-            fence,
-            left_us,
-        }))
-    }
-
-    async fn list(t: Ready<'_, Self>) -> Result<Vec<(String, Info)>, sqlx::Error> {
-        let rows: Vec<(String, String, i64, Option<i64>)> =
-            sqlx::query_as(AssertSqlSafe(t.sql.list.clone()))
-                .fetch_all(t.pool)
-                .await?;
-        Ok(rows
+    /// One query of the table's pragmas, for the rules every table keeps
+    /// and the optional columns: one clock, and no service of another kind
+    /// shares a SQLite file.
+    async fn inspect(t: &Table<Self>) -> Result<Layout, Error> {
+        type SqliteColumnRow = (String, String, bool, bool, bool);
+        let (schema, name) = match t.table.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, &*t.table),
+        };
+        let query = sqlx::query_as(SQLITE_COLUMNS).bind(name).bind(schema);
+        let rows: Vec<SqliteColumnRow> = explain(&t.pool, query.fetch_all(&t.pool).await).await?;
+        let columns: Vec<Column> = rows
             .into_iter()
-            .map(|(name, holder, fence, left_us)| {
-                let info = Info {
-                    holder,
-                    fence,
-                    left_us,
-                };
-                (name, info)
+            .map(|(name, kind, has_default, nullable, unique)| Column {
+                name,
+                kind,
+                precision: None,
+                has_default,
+                nullable,
+                unique,
             })
-            .collect())
+            .collect();
+        let integers = ["integer", "int", "bigint"];
+        let shape = shape(&t.table, &columns, &integers, &t.add_fence, &t.create)?;
+        let fills = vec![("{now}", NOW_MS.to_owned())];
+        Ok(Layout {
+            fills,
+            columns: shape.columns,
+        })
     }
 
-    async fn force_release(t: Ready<'_, Self>, name: &str) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(AssertSqlSafe(t.sql.force_release.clone()))
-            .bind(name)
-            .execute(t.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+    /// SQLite has one writer at a time.
+    async fn create(t: &Table<Self>) -> Result<(), sqlx::Error> {
+        let create = sqlx::query(AssertSqlSafe(t.create.clone()));
+        create.execute(&t.pool).await.map(drop)
     }
 
-    /// `(name, ttl, fence)` triples, padded, then the holder; the rows
-    /// renewed come back.
-    async fn renew_batch(
-        t: Ready<'_, Self>,
+    async fn acquire(
+        t: &Ready<'_, Self>,
+        name: &str,
         holder: &str,
-        leases: &[Renewal<'_>],
+        ttl_ms: i64,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::query_scalar(AssertSqlSafe(t.sql.acquire.clone()))
+            .bind(name)
+            .bind(holder)
+            .bind(ttl_ms)
+            .fetch_optional(t.pool)
+            .await
+    }
+
+    /// The read, and when it found the name free for this claim the upsert
+    /// that decides.
+    async fn acquire_with(
+        t: &Ready<'_, Self>,
+        c: &TableRequest<'_>,
+    ) -> Result<TableAnswer, sqlx::Error> {
+        let probe = sqlx::query_as(AssertSqlSafe(t.sql.probe.clone()))
+            .bind(c.period_ms)
+            .bind(c.name)
+            .bind(c.holder);
+        let (slot, last_slot, others_left_us) = probe.fetch_one(t.pool).await?;
+        let read = TableAnswer {
+            fence: None,
+            slot,
+            last_slot,
+            others_left_us,
+        };
+        if read.refused() {
+            return Ok(read);
+        }
+        let fence = sqlx::query_scalar(AssertSqlSafe(t.sql.acquire_with.clone()))
+            .bind(c.name)
+            .bind(c.holder)
+            .bind(c.ttl_ms)
+            .bind(slot)
+            .bind(c.retry_failed)
+            .bind(c.value)
+            .fetch_optional(t.pool)
+            .await?;
+        Ok(TableAnswer { fence, ..read })
+    }
+
+    /// `(name, ttl, fence)` triples, padded, then the holder.
+    async fn renew_batch(
+        t: &Ready<'_, Self>,
+        holder: &str,
+        leases: &[TableRenewal<'_>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let size = list_size(leases.len());
         let last = *leases.last().expect("BUG: an empty batch");
@@ -354,5 +376,52 @@ impl sealed::Calls for SqliteDialect {
             .fetch_all(t.pool)
             .await?;
         Ok(renewed_of(leases, &renewed))
+    }
+
+    async fn change(
+        t: &Ready<'_, Self>,
+        name: &str,
+        change: RowChange<'_>,
+    ) -> Result<bool, sqlx::Error> {
+        let on = |sql: &Arc<str>| sqlx::query(AssertSqlSafe(sql.clone())).bind(name);
+        let query = match change {
+            RowChange::Release(holder, fence) => on(&t.sql.release).bind(holder).bind(fence),
+            RowChange::ReleaseRan(holder, fence, slot) => {
+                on(&t.sql.release_ran).bind(holder).bind(fence).bind(slot)
+            }
+            RowChange::Publish(holder, fence, value) => {
+                on(&t.sql.publish).bind(holder).bind(fence).bind(value)
+            }
+            RowChange::Evict => on(&t.sql.force_release),
+            RowChange::EvictNow => on(&t.sql.force_release_now),
+        };
+        Ok(query.execute(t.pool).await?.rows_affected() == 1)
+    }
+
+    async fn rows(t: &Ready<'_, Self>, name: Option<&str>) -> Result<Vec<LeaseInfo>, sqlx::Error> {
+        let query = match name {
+            Some(name) => sqlx::query_as(AssertSqlSafe(t.sql.info.clone())).bind(name),
+            None => sqlx::query_as(AssertSqlSafe(t.sql.list.clone())),
+        };
+        let rows = query.fetch_all(t.pool).await?;
+        Ok(rows.into_iter().map(lease_info).collect())
+    }
+}
+
+impl super::CheckIn for sqlx::SqliteConnection {}
+
+impl sealed::CheckInConnection for sqlx::SqliteConnection {
+    type Dialect = SqliteDialect;
+
+    async fn check_in(
+        &mut self,
+        sql: &str,
+        name: &str,
+        holder: &str,
+        fence: Option<i64>,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let query = sqlx::query_scalar(AssertSqlSafe(sql));
+        let query = query.bind(name).bind(holder).bind(fence);
+        query.fetch_optional(self).await
     }
 }

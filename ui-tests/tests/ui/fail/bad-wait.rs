@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 #[singleton(name = "digest", ttl = "90s", wait = "5x")]
 async fn send_digest() {}

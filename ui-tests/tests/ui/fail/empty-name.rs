@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 #[singleton(name = "", ttl = "90s")]
 async fn send_digest() {}

@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 struct Jobs {
     pool: String,

@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 #[singleton(name = "digest")]
 async fn send_digest() {}

@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 // An expression is evaluated at run time, but it must give a string.
 #[singleton(name = tenant_id, ttl = "90s")]

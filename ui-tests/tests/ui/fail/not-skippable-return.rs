@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 #[singleton(name = "count", ttl = "90s")]
 async fn count_rows() -> u32 {

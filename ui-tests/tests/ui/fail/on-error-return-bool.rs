@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 // A `bool` has no room for the error: `on_error = "return"` needs a `Result`.
 #[singleton(name = "digest", ttl = "90s", on_error = "return")]

@@ -1,7 +1,7 @@
-use lease::singleton;
+use leasehold::singleton;
 
 #[singleton(name = "digest", ttl = "90s", on_error = "panic")]
-async fn send_digest() -> Result<(), lease::Error> {
+async fn send_digest() -> Result<(), leasehold::Error> {
     Ok(())
 }
 

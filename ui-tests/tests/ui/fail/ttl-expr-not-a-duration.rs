@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 const TTL_SECS: u64 = 90;
 

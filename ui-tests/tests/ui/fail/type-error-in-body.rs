@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 // The error points at the user's `rows`, not into the expansion.
 #[singleton(name = "count", ttl = "90s")]

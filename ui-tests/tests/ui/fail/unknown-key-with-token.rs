@@ -1,4 +1,4 @@
-use lease::{Lease, singleton};
+use leasehold::{Lease, singleton};
 
 struct Mailer {
     lease: Lease,
@@ -15,7 +15,7 @@ impl Mailer {
 
 fn main() {
     let mailer = Mailer {
-        lease: Lease::new(lease::backend::Memory::new()),
+        lease: Lease::new(leasehold::backend::Memory::new()),
     };
     drop(mailer.send_digest());
 }

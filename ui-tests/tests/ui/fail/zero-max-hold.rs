@@ -1,4 +1,4 @@
-use lease::singleton;
+use leasehold::singleton;
 
 // The token would fire as soon as the lease is acquired.
 #[singleton(name = "digest", ttl = "90s", max_hold = "0s")]

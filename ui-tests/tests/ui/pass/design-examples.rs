@@ -3,7 +3,7 @@
 //! with its own lease, a token and `min_hold`; stand-ins for the pool and
 //! the error types.
 
-use lease::singleton;
+use leasehold::singleton;
 
 struct PgPool;
 
@@ -18,7 +18,7 @@ async fn check_schedules(db: &PgPool) -> anyhow::Result<()> {
 }
 
 struct Scheduler {
-    lease: lease::Lease,
+    lease: leasehold::Lease,
 }
 
 #[derive(Debug)]
@@ -41,7 +41,7 @@ async fn main() {
     assert_eq!(check_schedules(&PgPool).await, Ok(()));
 
     let scheduler = Scheduler {
-        lease: lease::Lease::new(lease::backend::Memory::new()),
+        lease: leasehold::Lease::new(leasehold::backend::Memory::new()),
     };
     assert_eq!(scheduler.send_digest().await.unwrap(), Some(3));
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 const JOB: &str = "expr-const";
 const TTL: Duration = Duration::from_secs(90);

@@ -2,7 +2,7 @@
 
 use std::fmt::Display;
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 #[singleton(name = "generic", ttl = "90s", lease = lease)]
 async fn generic<T: Display + Send>(lease: &Lease, value: T) -> Option<String> {

@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, LazyLock};
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 static LEASE: LazyLock<Lease> = LazyLock::new(|| Lease::new(Memory::new()));
 
@@ -27,7 +27,7 @@ async fn from_an_arc(lease: Arc<Lease>) -> bool {
     true
 }
 
-#[singleton(name = "option", ttl = "90s", lease = lease::global_default())]
+#[singleton(name = "option", ttl = "90s", lease = leasehold::global_default())]
 async fn from_an_option() -> bool {
     true
 }

@@ -1,19 +1,19 @@
 //! `on_error = "return"`: an acquisition error comes back as the fn's `Err`
-//! (through `From<lease::Error>`); held elsewhere is still the skipped value.
+//! (through `From<leasehold::Error>`); held elsewhere is still the skipped value.
 //! `on_error = "skip"` is the default, spelled out.
 #![deny(warnings)]
 
 use std::time::Duration;
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 #[derive(Debug)]
 enum JobError {
-    Lease(lease::Error),
+    Lease(leasehold::Error),
 }
 
-impl From<lease::Error> for JobError {
-    fn from(e: lease::Error) -> Self {
+impl From<leasehold::Error> for JobError {
+    fn from(e: leasehold::Error) -> Self {
         JobError::Lease(e)
     }
 }
@@ -40,11 +40,11 @@ async fn main() {
     assert!(matches!(errors(Some(&lease), ttl).await, Ok(Some(1))));
     assert!(matches!(
         errors(Some(&lease), Duration::ZERO).await,
-        Err(JobError::Lease(lease::Error::InvalidTtl { .. }))
+        Err(JobError::Lease(leasehold::Error::InvalidTtl { .. }))
     ));
     assert!(matches!(
         errors(None, ttl).await,
-        Err(JobError::Lease(lease::Error::NoLease))
+        Err(JobError::Lease(leasehold::Error::NoLease))
     ));
     let held = lease.try_acquire("errors", ttl).await.unwrap().expect("free");
     assert!(matches!(errors(Some(&lease), ttl).await, Ok(None)), "held: skipped");

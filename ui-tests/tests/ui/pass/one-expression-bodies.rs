@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 static RAN: AtomicBool = AtomicBool::new(false);
 
@@ -122,14 +122,14 @@ async fn per_tenant(lease: &Lease, tenant: u32) -> Option<u32> { Some(tenant) }
 async fn durations(lease: &Lease, ttl: std::time::Duration) -> Option<u64> { Some(ttl.as_secs()) }
 
 #[singleton(name = "returns-errors", ttl = "90s", lease = lease, on_error = "return")]
-async fn returns_errors(lease: &Lease) -> Result<Option<u8>, lease::Error> { Ok(Some(1)) }
+async fn returns_errors(lease: &Lease) -> Result<Option<u8>, leasehold::Error> { Ok(Some(1)) }
 
 #[singleton(name = "returns-errors-unit", ttl = "90s", lease = lease, on_error = "return")]
-async fn returns_errors_unit(lease: &Lease) -> Result<(), lease::Error> { ok!() }
+async fn returns_errors_unit(lease: &Lease) -> Result<(), leasehold::Error> { ok!() }
 
 impl Jobs {
     #[singleton(name = format!("m-{}", self.runs), ttl = "90s", lease = self.lease, on_error = "return")]
-    async fn named_by_self(&self) -> Result<Option<u32>, lease::Error> { Ok(Some(self.runs)) }
+    async fn named_by_self(&self) -> Result<Option<u32>, leasehold::Error> { Ok(Some(self.runs)) }
 }
 
 async fn new_arguments() {

@@ -1,6 +1,6 @@
 //! `return` and `?` in the body return from the fn, as without the macro.
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 #[singleton(name = "parse", ttl = "90s", lease = lease)]
 async fn parse(lease: &Lease, input: &str) -> Result<Option<u32>, std::num::ParseIntError> {

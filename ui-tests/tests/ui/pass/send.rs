@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 struct Jobs {
     lease: Lease,

@@ -2,7 +2,7 @@
 //! no change.
 #![deny(missing_docs)]
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 /// Jobs.
 pub mod jobs {

@@ -1,6 +1,6 @@
 //! Every return type with a skipped value, and one of the user's own.
 
-use lease::{Lease, Skippable, backend::Memory, singleton};
+use leasehold::{Lease, Skippable, backend::Memory, singleton};
 
 #[singleton(name = "unit", ttl = "90s", lease = lease)]
 async fn unit(lease: &Lease) {}

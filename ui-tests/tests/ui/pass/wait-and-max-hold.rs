@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lease::{Lease, backend::Memory, singleton};
+use leasehold::{Lease, backend::Memory, singleton};
 
 #[singleton(name = "waits", ttl = "90s", wait = "5s", lease = lease)]
 async fn waits(lease: &Lease) -> bool {

@@ -1,0 +1,2 @@
+ALTER TABLE task_leases ADD COLUMN last_slot BIGINT NULL;
+ALTER TABLE task_leases ADD COLUMN value VARBINARY(4096) NULL;

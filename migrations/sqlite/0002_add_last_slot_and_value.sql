@@ -1,0 +1,2 @@
+ALTER TABLE task_leases ADD COLUMN last_slot INTEGER NULL;
+ALTER TABLE task_leases ADD COLUMN value TEXT NULL;
