@@ -1,16 +1,42 @@
 //! The backend a URL names: its scheme picks it.
 
-use std::future::Future;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
 use std::str::FromStr;
 use std::time::Duration;
 
-use lease::backend::{Etcd, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
-use lease::{Acquisition, Backend, Error, Grant, LeaseInfo};
+#[cfg(feature = "etcd")]
+use leasehold::backend::Etcd;
+#[cfg(feature = "mysql")]
+use leasehold::backend::MySqlTable;
+#[cfg(feature = "redis")]
+use leasehold::backend::Redis;
+#[cfg(feature = "sqlite")]
+use leasehold::backend::SqliteTable;
+#[cfg(feature = "postgres")]
+use leasehold::backend::{PgAdvisory, PgTable};
+use std::sync::Arc;
+
+use leasehold::Error;
+use leasehold::backend::BoxedBackend;
+#[cfg(feature = "mysql")]
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+#[cfg(not(any(
+    feature = "postgres",
+    feature = "mysql",
+    feature = "sqlite",
+    feature = "redis",
+    feature = "etcd"
+)))]
+compile_error!(
+    "leasehold-cli needs at least one backend feature: postgres, mysql, sqlite, redis, redis-cluster or etcd"
+);
 
 /// Connections per pool: a lease held by `PgAdvisory` keeps one, a waiter
 /// on PostgreSQL listens on one, and a call needs one.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "redis"))]
 const MAX_CONNECTIONS: u32 = 4;
 
 /// How to reach the backend, from the command line.
@@ -35,27 +61,19 @@ pub(crate) struct Usage(pub(crate) String);
 /// Any of the backends, so that one code path serves them all.
 #[derive(Debug, Clone)]
 pub(crate) enum Store {
+    #[cfg(feature = "postgres")]
     Pg(PgTable),
+    #[cfg(feature = "postgres")]
     PgAdvisory(PgAdvisory),
+    #[cfg(feature = "mysql")]
     MySql(MySqlTable),
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteTable),
+    #[cfg(feature = "redis")]
     Redis(Redis),
     /// Boxed: an etcd client is kilobytes large.
+    #[cfg(feature = "etcd")]
     Etcd(Box<Etcd>),
-}
-
-/// Runs `$body` with `$b` bound to the backend inside `$store`.
-macro_rules! each {
-    ($store:expr, $b:ident => $body:expr) => {
-        match $store {
-            Store::Pg($b) => $body,
-            Store::PgAdvisory($b) => $body,
-            Store::MySql($b) => $body,
-            Store::Sqlite($b) => $body,
-            Store::Redis($b) => $body,
-            Store::Etcd($b) => $body,
-        }
-    };
 }
 
 impl Store {
@@ -63,7 +81,14 @@ impl Store {
     /// SQLite file, which is opened (and the table created in it).
     pub(crate) async fn open(target: &Target) -> Result<Result<Self, Error>, Usage> {
         let url = target.url.as_str();
+        if !url.is_empty() && !url.contains(':') {
+            return Err(Usage(format!(
+                "not a URL: it has no scheme; use {}",
+                schemes()
+            )));
+        }
         let scheme = url.split(':').next().unwrap_or("").to_ascii_lowercase();
+        #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
         let table_only = |what: &str| -> Result<(), Usage> {
             if target.prefix.is_some() {
                 return Err(Usage(format!("--prefix is for Redis and etcd, not {what}")));
@@ -73,8 +98,19 @@ impl Store {
         if target.advisory && !matches!(scheme.as_str(), "postgres" | "postgresql") {
             return Err(Usage("--advisory needs a postgres:// URL".to_owned()));
         }
+        // (SQLite opens a local file: no connection to time.)
+        #[cfg_attr(
+            not(any(
+                feature = "postgres",
+                feature = "mysql",
+                feature = "redis",
+                feature = "etcd"
+            )),
+            allow(unused_variables)
+        )]
         let timeout = target.connect_timeout;
         match scheme.as_str() {
+            #[cfg(feature = "postgres")]
             "postgres" | "postgresql" => {
                 table_only("PostgreSQL")?;
                 let options = PgConnectOptions::from_str(url)
@@ -91,6 +127,7 @@ impl Store {
                 }
                 Ok(with_table(PgTable::new(pool), &target.table).map(Store::Pg))
             }
+            #[cfg(feature = "mysql")]
             "mysql" | "mariadb" => {
                 table_only("MySQL")?;
                 let url = format!("mysql{}", &url[scheme.len()..]);
@@ -102,6 +139,7 @@ impl Store {
                     .connect_lazy_with(options);
                 Ok(with_table(MySqlTable::new(pool), &target.table).map(Store::MySql))
             }
+            #[cfg(feature = "sqlite")]
             "sqlite" => {
                 table_only("SQLite")?;
                 let path = url["sqlite:".len()..].trim_start_matches("//");
@@ -121,6 +159,7 @@ impl Store {
                 };
                 Ok(opened.await)
             }
+            #[cfg(feature = "redis")]
             "redis" | "rediss" | "redis+unix" | "unix" => {
                 if target.table.is_some() {
                     return Err(Usage("--table is for SQL databases, not Redis".to_owned()));
@@ -147,6 +186,7 @@ impl Store {
                 }
                 .map(Store::Redis))
             }
+            #[cfg(feature = "redis-cluster")]
             "redis+cluster" => {
                 if target.table.is_some() {
                     return Err(Usage("--table is for SQL databases, not Redis".to_owned()));
@@ -177,6 +217,7 @@ impl Store {
                 };
                 Ok(opened.await)
             }
+            #[cfg(feature = "etcd")]
             "etcd" => {
                 if target.table.is_some() {
                     return Err(Usage("--table is for SQL databases, not etcd".to_owned()));
@@ -225,52 +266,127 @@ impl Store {
                 Ok(opened.await)
             }
             "" => Err(Usage(format!(
-                "no URL: give --url or set LEASE_URL ({SCHEMES})"
+                "no URL: give --url or set LEASE_URL ({})",
+                schemes()
             ))),
-            other => Err(Usage(format!(
-                "unknown URL scheme `{other}:`; use {SCHEMES}"
-            ))),
+            other => Err(Usage(match left_out(other) {
+                Some(feature) => format!(
+                    "this `lease` was built without the `{feature}` feature, which `{other}:` needs; \
+                     install it with `cargo install leasehold-cli --features {feature}` (it knows {})",
+                    schemes()
+                ),
+                None => format!("unknown URL scheme `{other}:`; use {}", schemes()),
+            })),
         }
+    }
+
+    /// The backend, boxed: what `lease` runs on (the library's
+    /// [`BoxedBackend`] answers every `Backend` method as the backend inside).
+    pub(crate) fn backend(&self) -> Arc<BoxedBackend> {
+        Arc::new(match self.clone() {
+            #[cfg(feature = "postgres")]
+            Store::Pg(b) => BoxedBackend::new(b),
+            #[cfg(feature = "postgres")]
+            Store::PgAdvisory(b) => BoxedBackend::new(b),
+            #[cfg(feature = "mysql")]
+            Store::MySql(b) => BoxedBackend::new(b),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(b) => BoxedBackend::new(b),
+            #[cfg(feature = "redis")]
+            Store::Redis(b) => BoxedBackend::new(b),
+            #[cfg(feature = "etcd")]
+            Store::Etcd(b) => BoxedBackend::new(*b),
+        })
     }
 
     /// The `CREATE TABLE` of a table backend, `None` for one without a table.
     pub(crate) fn schema(&self) -> Option<&str> {
         match self {
+            #[cfg(feature = "postgres")]
             Store::Pg(t) => Some(t.schema()),
+            #[cfg(feature = "mysql")]
             Store::MySql(t) => Some(t.schema()),
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(t) => Some(t.schema()),
-            Store::PgAdvisory(_) | Store::Redis(_) | Store::Etcd(_) => None,
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
     /// Creates the table of a table backend, if it does not exist.
     pub(crate) async fn ensure_schema(&self) -> Result<(), Error> {
         match self {
+            #[cfg(feature = "postgres")]
             Store::Pg(t) => t.ensure_schema().await,
+            #[cfg(feature = "mysql")]
             Store::MySql(t) => t.ensure_schema().await,
+            #[cfg(feature = "sqlite")]
             Store::Sqlite(t) => t.ensure_schema().await,
-            Store::PgAdvisory(_) | Store::Redis(_) | Store::Etcd(_) => Ok(()),
+            #[allow(unreachable_patterns)]
+            _ => Ok(()),
+        }
+    }
+
+    /// The lease table of a table backend, `None` for one without a table.
+    pub(crate) fn table(&self) -> Option<&str> {
+        match self {
+            #[cfg(feature = "postgres")]
+            Store::Pg(t) => Some(t.table()),
+            #[cfg(feature = "mysql")]
+            Store::MySql(t) => Some(t.table()),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(t) => Some(t.table()),
+            #[allow(unreachable_patterns)]
+            _ => None,
         }
     }
 
     /// What `list` cannot tell, for the backends that list in part.
     pub(crate) fn list_note(&self) -> Option<&'static str> {
         match self {
+            #[cfg(feature = "postgres")]
             Store::PgAdvisory(_) => Some(
                 "advisory locks: PostgreSQL shows keys, not names (#key); only held locks are listed",
             ),
+            #[allow(unreachable_patterns)]
             _ => None,
         }
     }
 }
 
-/// The schemes the command knows, for its messages.
-const SCHEMES: &str =
-    "postgres://, mysql://, mariadb://, redis://, rediss://, redis+cluster://, etcd:// or sqlite:";
+/// The schemes this build of the command knows, for its messages.
+fn schemes() -> String {
+    let all = [
+        ("postgres://", cfg!(feature = "postgres")),
+        ("mysql://, mariadb://", cfg!(feature = "mysql")),
+        ("redis://, rediss://", cfg!(feature = "redis")),
+        ("redis+cluster://", cfg!(feature = "redis-cluster")),
+        ("etcd://", cfg!(feature = "etcd")),
+        ("sqlite:", cfg!(feature = "sqlite")),
+    ];
+    let built: Vec<&str> = all.iter().filter(|(_, on)| *on).map(|(s, _)| *s).collect();
+    built.join(", ")
+}
+
+/// The command's feature that a known scheme needs, if this build left it
+/// out (`None` for a scheme it has, or does not know at all).
+fn left_out(scheme: &str) -> Option<&'static str> {
+    let (feature, built) = match scheme {
+        "postgres" | "postgresql" => ("postgres", cfg!(feature = "postgres")),
+        "mysql" | "mariadb" => ("mysql", cfg!(feature = "mysql")),
+        "sqlite" => ("sqlite", cfg!(feature = "sqlite")),
+        "redis" | "rediss" | "redis+unix" | "unix" => ("redis", cfg!(feature = "redis")),
+        "redis+cluster" => ("redis-cluster", cfg!(feature = "redis-cluster")),
+        "etcd" => ("etcd", cfg!(feature = "etcd")),
+        _ => return None,
+    };
+    (!built).then_some(feature)
+}
 
 /// `call`, failing with [`Error::Timeout`] after `timeout`: a cluster's
 /// client connects (and an etcd client with a user authenticates) when it
 /// is made, and neither bounds that by itself.
+#[cfg(any(feature = "redis-cluster", feature = "etcd"))]
 async fn connect_within<T>(
     timeout: Duration,
     operation: &'static str,
@@ -285,6 +401,7 @@ async fn connect_within<T>(
 }
 
 /// A URL with several `host:port`s: `scheme://[user[:password]@]host:port[,host:port...][/path][?query]`.
+#[cfg(any(feature = "redis-cluster", feature = "etcd"))]
 #[derive(Debug)]
 struct Multi {
     /// `user:password@`, as written, or empty.
@@ -295,6 +412,7 @@ struct Multi {
     query: Option<String>,
 }
 
+#[cfg(any(feature = "redis-cluster", feature = "etcd"))]
 impl Multi {
     fn parse(url: &str) -> Result<Self, Usage> {
         let (scheme, rest) = url
@@ -326,6 +444,7 @@ impl Multi {
 
     /// The user and password of the user info, percent-decoded (etcd's
     /// authentication needs both).
+    #[cfg(feature = "etcd")]
     fn credentials(&self) -> Option<(String, String)> {
         let info = self.userinfo.strip_suffix('@')?;
         let (user, password) = info.split_once(':').unwrap_or((info, ""));
@@ -334,58 +453,13 @@ impl Multi {
     }
 }
 
-fn with_table<D: lease::backend::Dialect>(
-    table: lease::backend::Table<D>,
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+fn with_table<D: leasehold::backend::Dialect>(
+    table: leasehold::backend::Table<D>,
     name: &Option<String>,
-) -> Result<lease::backend::Table<D>, Error> {
+) -> Result<leasehold::backend::Table<D>, Error> {
     match name {
         Some(name) => table.with_table(name),
         None => Ok(table),
     }
-}
-
-impl Backend for Store {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
-        each!(self, b => b.acquire(name, holder, ttl).await)
-    }
-
-    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
-        each!(self, b => b.renew(lease, ttl).await)
-    }
-
-    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
-        each!(self, b => b.release(lease).await)
-    }
-
-    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
-        each!(self, b => b.renew_many(leases).await)
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
-        each!(self, b => b.inspect(name).await)
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
-        each!(self, b => b.list().await)
-    }
-
-    async fn force_release(&self, name: &str) -> Result<bool, Error> {
-        each!(self, b => b.force_release(name).await)
-    }
-
-    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
-        let waiting: futures_box::Released = each!(self, b => Box::pin(b.released(name, poll)));
-        waiting
-    }
-}
-
-mod futures_box {
-    /// A boxed [`Backend::released`](lease::Backend::released) future.
-    pub(super) type Released =
-        std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
 }
