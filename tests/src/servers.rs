@@ -214,7 +214,17 @@ impl PrivateServer {
 
     fn prepare(kind: ServerKind, account: Option<&str>) -> Result<Self, String> {
         kill_leftovers();
-        let dir = std::env::temp_dir().join(format!(
+        // Redis flushes its append-only file at every write (`appendfsync
+        // always`): on a disk busy with the build, a flush took up to 550 ms,
+        // longer than a renewal's time limit at the suite's ttl of 1 s, and
+        // the holder lost a lease the fault should not have cost it. Its
+        // directory is in memory where the machine has /dev/shm (the file
+        // still outlives the server's restarts, which is what it is for).
+        let root = match kind {
+            ServerKind::Redis(_) => server_roots().pop().unwrap_or_else(std::env::temp_dir),
+            _ => std::env::temp_dir(),
+        };
+        let dir = root.join(format!(
             "{DIR_PREFIX}{}.{}",
             std::process::id(),
             crate::unique("s")
@@ -793,15 +803,29 @@ pub(crate) fn binary(var: &str, names: &[&str], extra: &[&str]) -> Result<PathBu
 /// delete their directories. Only processes whose command line names a
 /// `lease-servers.<pid>.` directory of a process that no longer exists are
 /// touched.
+/// Where private servers keep their directories: the temporary directory,
+/// and `/dev/shm` where there is one (Redis's, see `prepare`), last.
+fn server_roots() -> Vec<PathBuf> {
+    let mut roots = vec![std::env::temp_dir()];
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        roots.push(shm);
+    }
+    roots
+}
+
 pub(crate) fn kill_leftovers() {
-    let tmp = std::env::temp_dir();
-    let marker = tmp.join(DIR_PREFIX);
-    let marker = marker.to_string_lossy().into_owned();
+    let markers: Vec<String> = server_roots()
+        .iter()
+        .map(|root| root.join(DIR_PREFIX).to_string_lossy().into_owned())
+        .collect();
     let owner_alive = |owner: &str| owner.parse().is_ok_and(running);
     let owner_of = |text: &str| -> Option<String> {
-        let rest = &text[text.find(&marker)? + marker.len()..];
-        let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        (!pid.is_empty()).then_some(pid)
+        markers.iter().find_map(|marker| {
+            let rest = &text[text.find(marker.as_str())? + marker.len()..];
+            let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            (!pid.is_empty()).then_some(pid)
+        })
     };
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = entry
@@ -828,7 +852,10 @@ pub(crate) fn kill_leftovers() {
             signal(pid, "KILL");
         }
     }
-    for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+    for entry in server_roots()
+        .iter()
+        .flat_map(|root| std::fs::read_dir(root).into_iter().flatten().flatten())
+    {
         let path = entry.path();
         let text = path.to_string_lossy().into_owned();
         if let Some(owner) = owner_of(&text)

@@ -1,4 +1,4 @@
-//! `lease` beside the Go services it replaces, during a migration: Go
+//! `leasehold` beside the Go services it replaces, during a migration: Go
 //! replicas and Rust replicas of one job on one lease table, or one Redis.
 //!
 //! The Go side is played by contenders that speak the seeds' protocols
@@ -13,7 +13,7 @@
 //! - the `Redis` locker of the `lock` package: `SET key token NX PX ttl`,
 //!   and a Lua delete iff the key still holds the token.
 //!
-//! The Rust side is `lease::Lease` over the backends under test, through a
+//! The Rust side is `leasehold::Lease` over the backends under test, through a
 //! wrapper that can make renewals fail and releases get lost (a stalled or
 //! crashed replica), so that leases also change hands at their expiry.
 //!
@@ -29,7 +29,7 @@
 //! The time column's type decides whether both sides read expiries alike:
 //! where they cannot be made to (a zone-less column written by the Go
 //! services in a time zone this crate cannot know), the table backend must
-//! refuse the table instead ([`lease::Error::Schema`]). The Go contenders'
+//! refuse the table instead ([`leasehold::Error::Schema`]). The Go contenders'
 //! sessions use a time zone other than UTC, as on a server whose default
 //! is not UTC, and the Rust side's sessions yet another.
 
@@ -39,9 +39,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lease::backend::{MySqlTable, PgTable};
-use lease::{Acquisition, Backend, Error, Grant, Lease};
 use lease_tests::unique;
+use leasehold::backend::{MySqlTable, PgTable};
+use leasehold::{Acquisition, Backend, Error, Grant, Lease};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, Executor, MySqlPool, PgPool};
@@ -1010,7 +1010,7 @@ async fn redis_go_locker_mixed_fleet_never_double_runs() {
         pool: pool.clone(),
         prefix: prefix.clone(),
     };
-    let backend = lease::backend::Redis::new(pool.clone())
+    let backend = leasehold::backend::Redis::new(pool.clone())
         .with_prefix(prefix.clone())
         .expect("valid prefix")
         .with_go_locker_protocol();
@@ -1109,7 +1109,7 @@ fn go_key(name: &str) -> i64 {
 /// that key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_advisory_with_the_go_key_derivation() {
-    use lease::backend::PgAdvisory;
+    use leasehold::backend::PgAdvisory;
     let Some(pool) = lease_tests::postgres().await else {
         return;
     };

@@ -19,10 +19,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgTable, Redis};
-use lease::{Backend, Lease};
 use lease_tests::proxy::{FaultProxy, Mode};
 use lease_tests::unique;
+use leasehold::backend::{MySqlTable, PgTable, Redis};
+use leasehold::{Backend, Lease};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::sleep;
@@ -164,8 +164,8 @@ async fn redis() {
     };
     let url = lease_tests::redis_url();
     let proxy = FaultProxy::start(addr_of(&url)).await;
-    let stalled = lease::deadpool_redis::Config::from_url(via(&url, proxy.addr()))
-        .create_pool(Some(lease::deadpool_redis::Runtime::Tokio1))
+    let stalled = leasehold::deadpool_redis::Config::from_url(via(&url, proxy.addr()))
+        .create_pool(Some(leasehold::deadpool_redis::Runtime::Tokio1))
         .unwrap();
     a_late_release_does_not_end_a_newer_acquisition(
         &proxy,

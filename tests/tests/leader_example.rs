@@ -1,4 +1,4 @@
-//! The election example (`cargo run -p lease --features sqlite --example
+//! The election example (`cargo run -p leasehold --features sqlite --example
 //! leader`, run twice) does what its docs and the README say: the first
 //! process leads and works, the second follows it by name; SIGINT (Ctrl-C)
 //! makes the leader resign and exit, and the follower leads at once —
@@ -64,10 +64,20 @@ fn two_processes_elect_a_leader_and_hand_over_on_sigint() {
 
     let mut second = Process::start(db.path());
     let (second_id, following) = second.expect(" | following ", START);
+    let (leader, at) = following
+        .trim()
+        .split_once(" at ")
+        .unwrap_or_else(|| panic!("following whom, where: {following:?}"));
     assert_eq!(
-        following.trim(),
+        leader,
         first_id,
         "the follower names the leader:\n{}",
+        second.printed()
+    );
+    assert_eq!(
+        at,
+        first.address,
+        "the follower knows where the leader serves:\n{}",
         second.printed()
     );
     assert_ne!(second_id, first_id);
@@ -108,6 +118,8 @@ struct Process {
     lines: Receiver<(String, Instant)>,
     /// Every line read, in order; `next` is the first not yet examined.
     seen: Vec<String>,
+    /// Where it serves, as it said when it led.
+    address: String,
 }
 
 impl Process {
@@ -132,6 +144,7 @@ impl Process {
             child,
             lines,
             seen: Vec::new(),
+            address: String::new(),
         }
     }
 
@@ -179,11 +192,15 @@ impl Process {
 
     /// It leads within `within`: its id, when it said so, its fencing token.
     fn leads_at(&mut self, within: Duration) -> (String, Instant, u64) {
-        let (id, fence, at) = self.next(" | leading, fencing token ", within);
-        let fence = fence
+        let (id, rest, at) = self.next(" | leading, fencing token ", within);
+        let (fence, address) = rest
             .trim()
+            .split_once(", serving at ")
+            .unwrap_or_else(|| panic!("a fencing token and an address: {rest:?}"));
+        let fence = fence
             .parse()
             .unwrap_or_else(|_| panic!("a fencing token: {fence:?}"));
+        self.address = address.to_owned();
         (id, at, fence)
     }
 

@@ -1,9 +1,9 @@
 //! Backend-specific behaviour of `PgAdvisory` and `Redis` (the Go `lock`
-//! package's two backends), driven through `lease::Lease` against real
+//! package's two backends), driven through `leasehold::Lease` against real
 //! servers. What every backend shares is checked by the conformance suite;
 //! this file checks what only these two do: sqlx key interop, connection
-//! death, cancelled acquires, pool hygiene and runtime shutdown (no lock
-//! outlives the runtime that renews it; no drop panics) for `PgAdvisory`; key
+//! death, cancelled acquires, pool hygiene and runtime shutdown (an ending
+//! app frees its locks; no drop panics) for `PgAdvisory`; key
 //! encoding, keys deleted or connections killed behind the holder's back,
 //! an unreachable server and fencing for `Redis`; the tokens of
 //! `PgAdvisory::with_fencing`.
@@ -15,9 +15,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use lease::backend::{PgAdvisory, Redis};
-use lease::{Acquisition, Backend, Lease, LeaseGuard, Outcome, Skip};
+use lease_tests::proxy::{FaultProxy, Mode};
 use lease_tests::unique;
+use leasehold::backend::{PgAdvisory, Redis};
+use leasehold::{Acquisition, Backend, Lease, LeaseGuard, Outcome, Skip};
 use redis::AsyncCommands;
 use sqlx::postgres::{PgAdvisoryLock, PgPoolOptions};
 use sqlx::{Either, PgPool};
@@ -554,123 +555,25 @@ async fn pg_warm_pool(idle: u32) -> Option<PgPool> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_a_released_connection_is_reused_then_returned() {
-    pg_spare_is_reused_then_returned(true).await;
-    pg_spare_is_reused_then_returned(false).await;
-}
-
-async fn pg_spare_is_reused_then_returned(watch: bool) {
-    // Three idle connections: the pool would hand out another one next.
-    let Some(pool) = pg_warm_pool(3).await else {
-        return;
-    };
-    let Some(observer) = lease_tests::postgres().await else {
-        return;
-    };
-    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
-    let name = unique("pg-spare");
-    let first = pg_cycle(&pod, &observer, &name).await;
-    let out = pool.size() as usize - pool.num_idle();
-    let second = pg_cycle(&pod, &observer, &name).await;
-    assert_eq!(
-        first, second,
-        "watched {watch}: the next acquisition takes the session the last one released"
-    );
-    assert_eq!(
-        out, 1,
-        "watched {watch}: the spare is out of the pool while it waits"
-    );
-    // Untaken, it goes back to the pool (after a second).
-    let back = eventually(ms(5000), || async {
-        pool.num_idle() == pool.size() as usize
-    })
-    .await;
-    println!("watched {watch}: spare back in the pool after {back:?}");
-    assert!(
-        back.is_some(),
-        "watched {watch}: the spare never went back to the pool"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_closing_the_pool_returns_the_spares_at_once() {
+async fn pg_closing_the_pool_after_a_release_does_not_wait() {
+    // `PgPool::close()` waits for every connection to come back: a released
+    // lock's connection must not be kept out of the pool.
     let Some(pool) = pg_warm_pool(2).await else {
         return;
     };
     let Some(observer) = lease_tests::postgres().await else {
         return;
     };
-    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
-    pg_cycle(&pod, &observer, &unique("pg-spare-close")).await;
+    for watch in [true, false] {
+        let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
+        pg_cycle(&pod, &observer, &unique("pg-close")).await;
+    }
     let start = Instant::now();
     let closed = tokio::time::timeout(ms(5000), pool.close()).await;
     println!("pool closed in {:?}", start.elapsed());
-    assert!(closed.is_ok(), "PgPool::close() waited on a spare");
-    // A spare waits a second for the next acquisition; the pool's close
-    // must not wait that out.
     assert!(
-        start.elapsed() < ms(900),
-        "PgPool::close() took {:?}: the spare was not returned when the pool closed",
-        start.elapsed()
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_a_spare_whose_session_ended_is_not_used() {
-    // Watched, its socket says so before it is used; plain, the attempt on
-    // it fails and is made again on a connection from the pool.
-    pg_dead_spare_is_not_used(true).await;
-    pg_dead_spare_is_not_used(false).await;
-}
-
-async fn pg_dead_spare_is_not_used(watch: bool) {
-    let Some(pool) = pg_warm_pool(2).await else {
-        return;
-    };
-    let Some(observer) = lease_tests::postgres().await else {
-        return;
-    };
-    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
-    let name = unique("pg-spare-dead");
-    let spare = pg_cycle(&pod, &observer, &name).await;
-    assert!(pg_terminate(&observer, spare).await);
-    assert!(
-        eventually(ms(2000), || async { !pg_alive(&observer, spare).await })
-            .await
-            .is_some()
-    );
-    let guard = pod
-        .try_acquire(&name, ms(60_000))
-        .await
-        .unwrap_or_else(|e| {
-            panic!("watched {watch}: an acquisition after the spare's session ended failed: {e}")
-        })
-        .expect("free");
-    let [pid] = pg_lockers(&observer, &name).await[..] else {
-        panic!("one holder expected")
-    };
-    assert_ne!(pid, spare, "watched {watch}: the dead spare was used");
-    guard.release().await.expect("release");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_no_spare_is_kept_from_a_full_pool() {
-    // One connection: a spare would leave the pool with none for a second.
-    let Some(pool) = lease_tests::postgres_with(PgPoolOptions::new().max_connections(1)).await
-    else {
-        return;
-    };
-    let Some(observer) = lease_tests::postgres().await else {
-        return;
-    };
-    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
-    pg_cycle(&pod, &observer, &unique("pg-spare-full")).await;
-    let start = Instant::now();
-    let conn = tokio::time::timeout(ms(800), pool.acquire()).await;
-    println!("the pool's one connection back after {:?}", start.elapsed());
-    assert!(
-        matches!(conn, Ok(Ok(_))),
-        "the pool's only connection was kept aside: {conn:?}"
+        closed.is_ok(),
+        "PgPool::close() waited on a released lock's connection"
     );
 }
 
@@ -695,6 +598,205 @@ async fn slow_pg_pool(
         .await
         .expect("connect through the proxy");
     Some((pool, proxy))
+}
+
+/// A pool of connections to PostgreSQL through a [`FaultProxy`] (in
+/// [`Mode::Pass`]); `None` (skipped) without a server.
+async fn faulty_pg_pool(options: PgPoolOptions) -> Option<(PgPool, FaultProxy)> {
+    lease_tests::postgres().await?;
+    let connect: sqlx::postgres::PgConnectOptions =
+        lease_tests::postgres_url().parse().expect("postgres url");
+    let upstream = tokio::net::lookup_host((connect.get_host(), connect.get_port()))
+        .await
+        .expect("resolve postgres host")
+        .next()
+        .expect("an address");
+    let proxy = FaultProxy::start(upstream).await;
+    let connect = connect.host("127.0.0.1").port(proxy.addr().port());
+    let pool = options
+        .connect_with(connect)
+        .await
+        .expect("connect through the proxy");
+    Some((pool, proxy))
+}
+
+/// Issue 29, point 1: the holder's network stalls (a black hole) long
+/// enough for the heartbeat to time out and for anything sent on the
+/// connection meanwhile to give up, then recovers. The lock must not come
+/// back with its connection into the pool: once the network is back, the
+/// lock is free, and another process takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lock_lost_in_a_stall_is_free_once_the_network_recovers() {
+    let Some((pool, proxy)) = faulty_pg_pool(PgPoolOptions::new().max_connections(4)).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
+    let other = Lease::with_holder(PgAdvisory::new(observer.clone()), "other");
+    let name = unique("pg-stall");
+    let ttl = ms(3000);
+    let guard = pod
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    let [holder] = pg_lockers(&observer, &name).await[..] else {
+        panic!("one holder expected")
+    };
+    let stalled = Instant::now();
+    proxy.set_mode(Mode::BlackHole);
+    let cancelled = cancelled_within(&guard, ttl + SLACK).await;
+    assert!(cancelled.is_some(), "the stalled holder kept its token");
+    // Longer than the heartbeat's timeout plus any 5 s limit on what
+    // follows it on the connection.
+    tokio::time::sleep(ms(8000).saturating_sub(stalled.elapsed())).await;
+    proxy.set_mode(Mode::Pass);
+    let recovered = Instant::now();
+    let free = eventually(ms(3000), || async {
+        pg_lockers(&observer, &name).await.is_empty()
+    })
+    .await;
+    let lockers = pg_lockers(&observer, &name).await;
+    println!(
+        "token cancelled {cancelled:?} into the stall; lock free {free:?} after the network \
+         recovered (holder pid {holder}, now held by {lockers:?})"
+    );
+    assert!(
+        free.is_some(),
+        "3 s after the network recovered the lock was still held by {lockers:?} \
+         (the holder's session was {holder}): it went back to the pool with its connection"
+    );
+    let taken = other
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("another process takes the lock once the network is back");
+    taken.release().await.expect("release");
+    assert!(recovered.elapsed() < ms(10_000));
+}
+
+/// Issue 29, point 2: a watched lock lost on a half-open connection (its
+/// path gone for good, nobody told) gives its pool slot back within a
+/// bound, as an unwatched one does, instead of when TCP gives up (about
+/// 15 minutes): with a pool of 2 and both locks lost that way, a new
+/// acquisition gets a connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_lock_lost_on_a_half_open_connection_frees_its_pool_slot() {
+    for watch in [false, true] {
+        let options = PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(ms(8000));
+        let Some((pool, proxy)) = faulty_pg_pool(options).await else {
+            return;
+        };
+        let pod = Lease::with_holder(PgAdvisory::new(pool.clone()).with_watch(watch), "pod");
+        let ttl = ms(3000);
+        let mut guards = Vec::new();
+        for _ in 0..2 {
+            let name = unique("pg-half-open");
+            guards.push(
+                pod.try_acquire(&name, ttl)
+                    .await
+                    .expect("acquire")
+                    .expect("free"),
+            );
+        }
+        assert_eq!(proxy.black_hole_open(), 2, "watched {watch}");
+        for guard in &guards {
+            assert!(
+                cancelled_within(guard, ttl + SLACK).await.is_some(),
+                "watched {watch}: a holder on a half-open connection kept its token"
+            );
+        }
+        let lost = Instant::now();
+        let name = unique("pg-half-open-next");
+        let next = pod.try_acquire(&name, ms(30_000)).await;
+        println!(
+            "watched {watch}: an acquisition after both locks were lost: {:?} after {:?}",
+            next.as_ref().map(Option::is_some),
+            lost.elapsed()
+        );
+        let next = next
+            .unwrap_or_else(|e| {
+                panic!(
+                    "watched {watch}: no pool slot came back after both locks were lost \
+                     ({:?}): {e}",
+                    lost.elapsed()
+                )
+            })
+            .expect("free");
+        next.release().await.expect("release");
+    }
+}
+
+/// DESIGN §6.1 under latency: a heartbeat that misses its time limit but
+/// whose session lives fires the token `grace` before the lock can pass on,
+/// so the lock stays held while the body winds down: a second contender
+/// gets it only once the body has ended and released it, not as the token
+/// fires (it did while a timed-out heartbeat closed the session).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_slow_heartbeat_keeps_the_lock_while_the_body_stops() {
+    let Some((pool, proxy)) = faulty_pg_pool(PgPoolOptions::new().max_connections(4)).await else {
+        return;
+    };
+    let Some(observer) = lease_tests::postgres().await else {
+        return;
+    };
+    let pod = Lease::with_holder(PgAdvisory::new(pool.clone()), "pod");
+    let other = Lease::with_holder(PgAdvisory::new(observer.clone()), "other");
+    let name = unique("pg-slow-heartbeat");
+    // A heartbeat every 2 s with a 2 s time limit; the token fires at 4 s
+    // without an answered one (the default grace, ttl/3 = 2 s).
+    let ttl = ms(6000);
+    let guard = pod
+        .try_acquire(&name, ttl)
+        .await
+        .expect("acquire")
+        .expect("free");
+    // After one heartbeat (its statement is prepared then: one round trip
+    // from now on), round trips of 2.4 s: every heartbeat misses its time
+    // limit, yet answers.
+    tokio::time::sleep(ttl / 3 + ms(500)).await;
+    proxy.set_mode(Mode::Delay(ms(1200)));
+    let fired = cancelled_within(&guard, ttl + SLACK).await;
+    assert!(fired.is_some(), "the token did not fire");
+    let contender = tokio::spawn({
+        let name = name.clone();
+        async move {
+            loop {
+                if let Some(next) = other.try_acquire(&name, ttl).await.expect("acquire") {
+                    return (Instant::now(), next);
+                }
+                tokio::time::sleep(ms(20)).await;
+            }
+        }
+    });
+    // The body takes most of its grace to stop, then releases.
+    tokio::time::sleep(ms(1800)).await;
+    let body_ended = Instant::now();
+    let taken_early = contender.is_finished();
+    guard.release().await.expect("release");
+    let (taken, next) = tokio::time::timeout(ms(10_000), contender)
+        .await
+        .expect("the contender took the lock once the body released it")
+        .expect("contender");
+    println!(
+        "token fired {fired:?} into the latency; the contender took the lock {:?} {} the body ended",
+        taken.max(body_ended) - taken.min(body_ended),
+        if taken < body_ended {
+            "before"
+        } else {
+            "after"
+        }
+    );
+    assert!(
+        !taken_early && taken >= body_ended,
+        "another holder took the lock {:?} before the body ended: the body got no grace",
+        body_ended.saturating_duration_since(taken)
+    );
+    next.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1034,7 +1136,7 @@ async fn pg_fenced_bad_table_is_an_error() {
         "1fences",
     ] {
         match offline.clone().with_fencing(bad) {
-            Err(lease::Error::InvalidTable { table }) => assert_eq!(table, bad),
+            Err(leasehold::Error::InvalidTable { table }) => assert_eq!(table, bad),
             other => panic!("{bad:?}: {other:?}"),
         }
     }
@@ -1049,7 +1151,7 @@ async fn pg_fenced_bad_table_is_an_error() {
     let backend = PgAdvisory::new(pool).with_fencing(&missing).expect("valid");
     let name = unique("pg-fenced-missing");
     match backend.acquire(&name, "pod-a", ms(2000)).await {
-        Err(lease::Error::Database(e)) => {
+        Err(leasehold::Error::Database(e)) => {
             assert!(e.to_string().contains("does not exist"), "{e}")
         }
         other => panic!("acquire without the fence table: {other:?}"),
@@ -1112,51 +1214,65 @@ fn pg_freed_within(name: &str, limit: Duration) -> Option<Duration> {
 }
 
 #[test]
-fn pg_runtime_shutdown_frees_the_lock() {
-    // The guard, its `Lease` and the backend all outlive the runtime that
-    // acquired and renewed the lock — as with a global default `Lease` used
-    // across `#[tokio::test]` runtimes. Nothing can renew the lock any more,
-    // so nothing may keep it: a lock without expiry that outlives its
-    // runtime would block every other replica until the process exits.
-    let name = unique("pg-runtime-shutdown");
-    // A long ttl: the shutdown must free the lock, not some timeout.
+fn pg_an_ending_app_frees_its_locks() {
+    // A `#[tokio::main]` app whose `main` returns while it holds locks: a
+    // job still running in a task of its own, a guard held by another task,
+    // a guard in `main` itself. Its runtime shuts down; the process lives
+    // on here, so nothing but the backend can free the locks.
+    let names = [
+        unique("pg-app-job"),
+        unique("pg-app-task"),
+        unique("pg-app-main"),
+    ];
     let ttl = ms(60_000);
-    let rt = runtime(2);
-    let held = rt.block_on(async {
-        let pool = lease_tests::postgres().await?;
-        let backend = PgAdvisory::new(pool);
-        let pod_a = Lease::with_holder(backend.clone(), "pod-a");
-        let guard = pod_a
-            .try_acquire(&name, ttl)
-            .await
-            .expect("acquire")
-            .expect("free");
-        Some((backend, pod_a, guard))
-    });
-    let Some((backend, pod_a, guard)) = held else {
-        return;
-    };
-    assert!(guard.is_valid());
-    let shut = Instant::now();
-    drop(rt);
-    assert!(
-        !guard.is_valid(),
-        "nothing renews the lease once its runtime is gone"
-    );
-    let freed = pg_freed_within(&name, ms(10_000));
-    println!(
-        "runtime shut down with the guard alive: lock free for another session: {freed:?} \
-         ({:?} after the shutdown)",
-        shut.elapsed()
-    );
-    assert!(
-        freed.is_some(),
-        "the lock is still held 10 s after the runtime that renewed it shut down"
-    );
-    // Outside any runtime: none of these drops may panic.
-    drop(guard);
-    drop(pod_a);
-    drop(backend);
+    for watch in [true, false] {
+        let rt = runtime(2);
+        let ran = rt.block_on(async {
+            let pool = lease_tests::postgres().await?;
+            let observer = lease_tests::postgres().await?;
+            let lease = Lease::new(PgAdvisory::new(pool).with_watch(watch));
+            let job = lease.clone();
+            let name = names[0].clone();
+            tokio::spawn(async move {
+                job.with_lease(&name, ttl, |_| std::future::pending::<()>())
+                    .await
+            });
+            let guard = lease
+                .try_acquire(&names[1], ttl)
+                .await
+                .expect("acquire")
+                .expect("free");
+            tokio::spawn(async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            });
+            let _main_guard = lease
+                .try_acquire(&names[2], ttl)
+                .await
+                .expect("acquire")
+                .expect("free");
+            let held = eventually(ms(5000), || async {
+                pg_lockers(&observer, &names[0]).await.len() == 1
+            })
+            .await;
+            assert!(held.is_some(), "the job never took its lock");
+            Some(())
+        });
+        if ran.is_none() {
+            return;
+        }
+        let shut = Instant::now();
+        drop(rt);
+        for name in &names {
+            let freed = pg_freed_within(name, ms(10_000));
+            println!(
+                "watched {watch}: the app's runtime shut down: {name} free {freed:?} \
+                 ({:?} after the shutdown)",
+                shut.elapsed()
+            );
+            assert!(freed.is_some(), "watched {watch}: {name} still held");
+        }
+    }
 }
 
 #[test]
@@ -1207,7 +1323,7 @@ fn pg_drops_outside_a_runtime_never_panic() {
     let rt = runtime(1);
     let backend = rt.block_on(async {
         let backend = PgAdvisory::new(lease_tests::postgres_with(options()).await?);
-        let grant = lease::Backend::acquire(&backend, &name, "pod-a", ttl).await;
+        let grant = leasehold::Backend::acquire(&backend, &name, "pod-a", ttl).await;
         assert!(grant.expect("acquire").is_some(), "free");
         Some(backend)
     });
@@ -1220,61 +1336,6 @@ fn pg_drops_outside_a_runtime_never_panic() {
         "{name} still held"
     );
     drop(rt);
-}
-
-#[test]
-fn pg_renewing_runtime_shutdown_frees_the_lock() {
-    // A `Lease` renews every lease it holds on the runtime of its scheduler,
-    // which is the runtime that acquired its first lease, not necessarily
-    // the one that acquired this lock. When the renewing runtime shuts down,
-    // the runtime that acquired the lock (and the guard) live on, but
-    // nothing renews the lock: it must not stay held.
-    let ttl = ms(2000);
-    let renewer = runtime(1);
-    let acquirer = runtime(1);
-    let (warm, name) = (unique("pg-renewer"), unique("pg-unrenewed"));
-    let Some(pool) = acquirer.block_on(lease_tests::postgres()) else {
-        return;
-    };
-    let pod_a = Lease::with_holder(PgAdvisory::new(pool), "pod-a");
-    // The scheduler starts on `renewer` ...
-    let warm_guard = renewer
-        .block_on(pod_a.try_acquire(&warm, ttl))
-        .expect("acquire")
-        .expect("free");
-    // ... and renews the lease acquired on `acquirer` too.
-    let guard = acquirer
-        .block_on(pod_a.try_acquire(&name, ttl))
-        .expect("acquire")
-        .expect("free");
-    std::thread::sleep(ttl);
-    assert!(
-        guard.is_valid(),
-        "renewed by the scheduler on the other runtime"
-    );
-
-    let shut = Instant::now();
-    drop(renewer);
-    assert!(!guard.is_valid(), "nothing renews it any more");
-    let freed = pg_freed_within(&name, ms(10_000));
-    println!(
-        "renewing runtime shut down, acquiring runtime alive: lock free: {freed:?} \
-         ({:?} after the shutdown)",
-        shut.elapsed()
-    );
-    assert!(
-        freed.is_some(),
-        "the lock is still held 10 s after the runtime that renewed it shut down"
-    );
-    assert!(
-        pg_freed_within(&warm, ms(10_000)).is_some(),
-        "{warm} still held"
-    );
-    // Released on the live runtime: a no-op now, and nothing panics.
-    acquirer.block_on(async {
-        guard.release().await.expect("release");
-        drop(warm_guard);
-    });
 }
 
 #[test]
@@ -1357,8 +1418,12 @@ fn pg_drop_while_thread_storage_is_torn_down_never_panics() {
         KEPT.with(|_| ());
         for (pool, name) in pools.into_iter().zip(&thread_names) {
             let backend = PgAdvisory::new(pool);
-            let grant =
-                handle.block_on(lease::Backend::acquire(&backend, name, "pod-a", ms(60_000)));
+            let grant = handle.block_on(leasehold::Backend::acquire(
+                &backend,
+                name,
+                "pod-a",
+                ms(60_000),
+            ));
             assert!(grant.expect("acquire").is_some(), "free");
             KEPT.with(|k| k.borrow_mut().push(backend));
         }
@@ -1482,7 +1547,7 @@ async fn redis_prefix_is_used() {
     let backend = backend.with_prefix("lease-tests:").expect("valid prefix");
     assert!(matches!(
         Redis::new(pool.clone()).with_prefix("a{b"),
-        Err(lease::Error::InvalidPrefix { .. })
+        Err(leasehold::Error::InvalidPrefix { .. })
     ));
     let pod_a = Lease::with_holder(backend.clone(), "pod-a");
     let name = unique("redis-prefix");
@@ -1515,8 +1580,8 @@ async fn redis_prefix_is_used() {
 /// once, then one script per lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_renew_many_on_a_cluster_falls_back_to_one_script_per_key() {
-    use lease::{Acquisition, Backend};
     use lease_tests::servers::PrivateServer;
+    use leasehold::{Acquisition, Backend};
 
     let server = match PrivateServer::redis_cluster().await {
         Ok(server) => server,
@@ -1956,7 +2021,7 @@ async fn black_hole() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_is_an_error_not_a_hang() {
     use deadpool_redis::PoolError;
-    use lease::Error;
+    use leasehold::Error;
 
     // Needs no server. Nothing listens on port 1: connections are refused.
     let refused = deadpool_redis::Config::from_url("redis://127.0.0.1:1")
@@ -2148,7 +2213,7 @@ async fn redis_fence_never_goes_back_when_the_fence_key_is_lost() {
     let _: () = conn.del(backend.fence_key(&name)).await.expect("DEL");
     // The same holder (say, a restarted process that kept its identity)
     // re-acquires the live lease idempotently.
-    let again = lease::Backend::acquire(&backend, &name, "pod-a", ttl)
+    let again = leasehold::Backend::acquire(&backend, &name, "pod-a", ttl)
         .await
         .unwrap()
         .expect("same holder");

@@ -11,9 +11,9 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::backend::{Memory, PgTable, Redis, SqliteTable};
-use lease::{Backend, Lease, Outcome, Skip};
 use lease_tests::{TempDb, unique};
+use leasehold::backend::{Memory, PgTable, Redis, SqliteTable};
+use leasehold::{Backend, Lease, Outcome, Skip};
 use sqlx::postgres::PgPoolOptions;
 
 /// Everything logged on this thread while the guard lives.
@@ -178,8 +178,8 @@ async fn a_refused_postgres_connection_reads_connection_refused() {
 
 #[tokio::test]
 async fn a_refused_redis_connection_reads_connection_refused() {
-    let pool = lease::deadpool_redis::Config::from_url(format!("redis://{NOWHERE}"))
-        .create_pool(Some(lease::deadpool_redis::Runtime::Tokio1))
+    let pool = leasehold::deadpool_redis::Config::from_url(format!("redis://{NOWHERE}"))
+        .create_pool(Some(leasehold::deadpool_redis::Runtime::Tokio1))
         .unwrap();
     skipped_with_a_warning_that_says_why(Redis::new(pool)).await;
 }

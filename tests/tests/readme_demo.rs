@@ -1,4 +1,4 @@
-//! The README's demo (`cargo run -p lease --features sqlite --example pods`)
+//! The README's demo (`cargo run -p leasehold --features sqlite --example pods`)
 //! does what the README says, on a shorter schedule: three pods share one
 //! SQLite file; each tick exactly one of them runs the job; the pod running
 //! the job is killed with SIGKILL; the others skip the ticks while its lease

@@ -11,9 +11,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use lease::backend::Redis;
-use lease::{Acquisition, Backend};
 use lease_tests::unique;
+use leasehold::backend::Redis;
+use leasehold::{Acquisition, Backend};
 
 /// Taken by every test here: `renew_many_sends_one_script_per_hash_slot`
 /// counts the scripts that every node ran, so no other test may send any

@@ -18,10 +18,10 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use lease::Lease;
-use lease::backend::Redis;
 use lease_tests::proxy::FaultProxy;
 use lease_tests::unique;
+use leasehold::Lease;
+use leasehold::backend::Redis;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

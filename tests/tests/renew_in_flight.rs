@@ -50,9 +50,9 @@
 
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgTable, SqliteTable};
-use lease::{Acquisition, Backend};
 use lease_tests::{TempDb, unique};
+use leasehold::backend::{MySqlTable, PgTable, SqliteTable};
+use leasehold::{Acquisition, Backend};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
 use sqlx::{Connection, MySql, MySqlPool, PgPool, Postgres, SqliteConnection, Transaction};

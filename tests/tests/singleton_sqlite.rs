@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use lease::backend::SqliteTable;
-use lease::{Lease, singleton};
 use lease_tests::TempDb;
+use leasehold::backend::SqliteTable;
+use leasehold::{Lease, singleton};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep, timeout};
 

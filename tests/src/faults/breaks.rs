@@ -12,7 +12,11 @@
 //! | `release-ignores-fence` | contender | a release matches name and holder only, as before issue 10 | the `late-release` fault: overlaps, the newer lease lost |
 //! | `renew-error-loses` | contender | a renewal that fails (an error, not an answer) is taken for a lost lease | "lease kept" after `conn-kill`, `reset` (run with `--no-pool-ping`, so that a killed connection fails a renewal) |
 //! | `announce-before-record` | contender | it announces an acquisition before recording its section, and records it 300 ms late | a `kill` that lands on a section missing from the log |
+//! | `ignore-token` | contender | the body ignores its token: it runs to its natural end (or as long as it is held) | overlaps between bodies (`black-hole`, `max-hold`, `drift`) |
+//! | `release-at-shutdown` | contender | on `SIGTERM` the lease is ended on the server (by the release of `release-ignores-fence`) before `shutdown()`: a library that released at shutdown without waiting for the body | `deploy`: overlaps between bodies |
 //! | `kill-nothing` | nemesis | `conn-kill` kills no connection, `reset` resets none | "the fault did not happen" |
+//! | `force-release-now` | nemesis | `force-release` evicts by `Backend::force_release_now` (the immediate kind, for a holder known to be dead) instead of `force_release` (with its lock delay) | `force-release`: overlaps between bodies and between valid holders |
+//! | `skip-check-in` | contender | the transactions of `stop-in-txn` are not checked in with the lease (`check_in` skipped) | `stop-in-txn`: stale writes committed to the unfenced table |
 //! | `first-variant-only` | nemesis | one injection per fault, always the first variant (as CI did before) | "a documented variant never ran" |
 //!
 //! The contender's breaks wrap the real backend in `Broken`, which
@@ -22,8 +26,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::backend::Redis;
-use lease::{Acquisition, Backend, Error, Grant};
+use leasehold::backend::Redis;
+use leasehold::{Acquisition, Backend, Error, Grant};
 
 use crate::monotonic_us;
 
@@ -49,7 +53,7 @@ pub(crate) enum Raw {
     Redis(deadpool_redis::Pool, Redis),
     /// No raw release (the Redis Cluster, where `late-release` does not run).
     None,
-    Etcd(Box<lease::backend::Etcd>),
+    Etcd(Box<leasehold::backend::Etcd>),
 }
 
 /// What a contender believes about its lease under `deadline-1.2`: valid
@@ -136,7 +140,7 @@ impl<B: Backend> Broken<B> {
 
 /// The release statements of the table backends and of Redis before issue
 /// 10: matched on name and holder, not on the fencing token.
-async fn release_ignoring_fence(raw: &Raw, lease: Acquisition<'_>) -> Result<(), Error> {
+pub(crate) async fn release_ignoring_fence(raw: &Raw, lease: Acquisition<'_>) -> Result<(), Error> {
     let sql = |e: sqlx::Error| Error::Backend(Box::new(e));
     match raw {
         Raw::Pg(pool) => {

@@ -59,7 +59,7 @@ pub const ELECTION_TIMEOUT: Duration = Duration::from_millis(500);
 pub const EXPIRY_CHECK: Duration = Duration::from_millis(500);
 
 /// The HTTP/2 keep-alive of the clients' connections, as
-/// `lease::backend::Etcd::connect` sets it: a PING this often, and this long
+/// `leasehold::backend::Etcd::connect` sets it: a PING this often, and this long
 /// for its answer before the connection is closed.
 pub const CLIENT_KEEP_ALIVE: (Duration, Duration) =
     (Duration::from_secs(5), Duration::from_secs(2));

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use super::{BackendKind, Config, Fault, ScenarioResult};
+use super::{BackendKind, ByDeadline, Config, Fault, Revokes, ScenarioResult};
 
 /// Start and end markers of the generated part of `docs/RELIABILITY.md`.
 pub const MARKERS: (&str, &str) = ("<!-- fault-suite:begin -->", "<!-- fault-suite:end -->");
@@ -137,12 +137,13 @@ impl Report {
         let _ = writeln!(
             s,
             "| backend | fault | injections landed (missed) | critical sections completed (all) \
+             | overlaps between bodies (longest, ms) \
              | overlaps between valid holders (longest, ms) | stale-fence writes accepted \
              | fences handed out again / valid holders' writes rejected \
              | takeover after the fault, ms: median / max (bound) \
              | fault → holder's token cancelled, ms: max (bound) | what the fault did | result |"
         );
-        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for r in &self.results {
             let _ = writeln!(s, "{}", self.row(r));
         }
@@ -224,6 +225,21 @@ impl Report {
             }
             _ => overlaps,
         };
+        let mut bodies = if r.body_overlaps == 0 {
+            "0".to_owned()
+        } else {
+            format!("{} ({})", r.body_overlaps, ms(r.max_body_overlap))
+        };
+        if revocation && r.body_overlaps > 0 {
+            bodies.push_str(" — revocation");
+        }
+        if r.frozen_overlaps > 0 {
+            bodies.push_str(&format!(
+                "; frozen body: {} ({})",
+                r.frozen_overlaps,
+                ms(r.max_frozen_overlap)
+            ));
+        }
         let stale = if r.backend.fenced() {
             format!(
                 "{} (of {} accepted, {} rejected)",
@@ -243,11 +259,10 @@ impl Report {
         } else if r.takeovers.is_empty() {
             "—".to_owned()
         } else {
-            let bound = match r.fault {
-                Fault::Kill | Fault::Stop | Fault::BlackHoleConn => {
-                    format!(" (≤ {})", ms(c.takeover_bound(r.backend)))
-                }
-                _ => String::new(),
+            let bound = if r.fault.spec().takeover_bound {
+                format!(" (≤ {})", ms(c.takeover_bound(r.backend)))
+            } else {
+                String::new()
             };
             format!(
                 "{} / {}{bound}",
@@ -260,18 +275,20 @@ impl Report {
         } else {
             let cancelled: Vec<Duration> = r.cancels.iter().flatten().copied().collect();
             let kept = r.cancels.len() - cancelled.len();
-            let bound = match r.fault {
-                Fault::BlackHole | Fault::BlackHoleConn => {
-                    format!(" (≤ {})", ms(c.deadline_bound()))
-                }
-                Fault::RestartNoPersistence => String::new(),
-                Fault::MasterKill => String::new(),
+            let spec = r.fault.spec();
+            let bound = if spec.cancels_at_once {
+                format!(" (≤ {})", ms(c.slack))
+            } else if spec.cancels_at_renewal {
+                format!(" (≤ {})", ms(c.cancel_bound()))
+            } else if spec.by_deadline != ByDeadline::No {
+                format!(" (≤ {})", ms(c.deadline_bound()))
+            } else if spec.reported_only.is_some() || !r.revocation() {
+                String::new()
+            } else if spec.revokes == Revokes::ResumedLeader {
                 // Counted from the pause, bounded from the resumption.
-                Fault::LeaderPause if r.revocation() => {
-                    format!(" (≤ the pause + {})", ms(c.cancel_bound()))
-                }
-                f if f.revokes(r.backend) => format!(" (≤ {})", ms(c.cancel_bound())),
-                _ => String::new(),
+                format!(" (≤ the pause + {})", ms(c.cancel_bound()))
+            } else {
+                format!(" (≤ {})", ms(c.cancel_bound()))
             };
             match (cancelled.is_empty(), kept) {
                 (true, _) => format!("not cancelled: lease kept {kept}/{}", r.cancels.len()),
@@ -291,17 +308,15 @@ impl Report {
         let did = self.what_the_fault_did(r);
         let result = if !r.failures.is_empty() {
             "**FAIL**"
-        } else if r.fault == Fault::RestartNoPersistence {
-            "not required (no persistence)"
-        } else if r.fault == Fault::MasterKill {
-            "reported, not required (asynchronous replication)"
+        } else if let Some(reported) = r.fault.spec().reported_only {
+            reported
         } else if revocation {
             "pass (revocation: bounded)"
         } else {
             "pass"
         };
         format!(
-            "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} ({}) | {} ({}) | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.backend.type_name(),
             // Linked to its timeline (written by `write_into`).
             if r.timeline.is_some() {
@@ -313,6 +328,7 @@ impl Report {
             r.misses,
             r.completed,
             r.sections,
+            bodies,
             overlaps,
             stale,
             fencing,
@@ -336,9 +352,72 @@ impl Report {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
+        let handed = || {
+            let handed: Vec<Duration> = r.handovers.iter().flatten().copied().collect();
+            format!(
+                "granted again {}/{} within {} ms of the body's return (≤ {})",
+                handed.len(),
+                r.handovers.len(),
+                max(handed).map_or_else(|| "—".to_owned(), ms),
+                ms(c.handover_bound())
+            )
+        };
         match r.fault {
             Fault::Kill => "—".to_owned(),
+            Fault::Deploy => {
+                let exited: Vec<Duration> = r.exits.iter().flatten().copied().collect();
+                format!(
+                    "SIGTERM: shutdown() and exit {}/{} within {} ms (≤ {}); {}",
+                    exited.len(),
+                    r.exits.len(),
+                    max(exited).map_or_else(|| "—".to_owned(), ms),
+                    ms(c.exit_bound()),
+                    handed()
+                )
+            }
+            Fault::MaxHold => format!("max_hold {} ms; {}", ms(c.max_hold()), handed()),
+            Fault::Drift => {
+                let rates = r.clocks.iter().map(|c| c.0);
+                let (lo, hi) =
+                    rates.fold((f64::MAX, f64::MIN), |(lo, hi), x| (lo.min(x), hi.max(x)));
+                format!(
+                    "the holder's clocks at {}× (measured {lo:.3}–{hi:.3}×, its times within \
+                     {} ms); link cut 2 ttl; lease lost {}/{}; closest hand-over {} ms",
+                    c.drift_rate,
+                    max(r.clocks.iter().map(|c| c.1)).map_or_else(
+                        || "—".to_owned(),
+                        |e| format!("{:.1}", e.as_secs_f64() * 1e3)
+                    ),
+                    r.cancels.iter().flatten().count(),
+                    r.cancels.len(),
+                    r.closest.map_or_else(
+                        || "—".to_owned(),
+                        |c| format!("{:.1}", c.as_secs_f64() * 1e3)
+                    )
+                )
+            }
             Fault::Stop => self.woken(r),
+            Fault::StopInTxn => format!(
+                "stopped 2.5 ttl in its checked-in transaction, then wrote and committed {}/{}; \
+                 taken during the pause {}/{}; unfenced writes committed {}, stale (after a \
+                 later holder's) {}",
+                r.connections,
+                r.hits,
+                r.taken_during_pause,
+                r.hits,
+                r.unfenced_writes,
+                r.unfenced_stale
+            ),
+            Fault::ForceRelease => format!(
+                "{} live lease(s) force-released; lease lost {}/{}; closest hand-over {} ms",
+                r.connections,
+                r.cancels.iter().flatten().count(),
+                r.cancels.len(),
+                r.closest.map_or_else(
+                    || "—".to_owned(),
+                    |c| format!("{:.1}", c.as_secs_f64() * 1e3)
+                )
+            ),
             Fault::ConnKill if r.backend == BackendKind::Etcd => format!(
                 "{} connection(s) reset in the proxy (etcd cannot kill a client's); \
                  lease kept {kept}/{}",
@@ -361,6 +440,18 @@ impl Report {
             Fault::Steal => format!("{} live lease(s) ended on the server", r.connections),
             Fault::Latency | Fault::Restart | Fault::RestartNoPersistence => per_variant(),
             Fault::BlackHole => "—".to_owned(),
+            Fault::BlackHoleLong => {
+                let freed: Vec<Duration> = r.freed.iter().flatten().copied().collect();
+                format!(
+                    "link cut {} s; another contender held the lock {}/{} within {} ms \
+                     of the heal (≤ {})",
+                    super::LONG_BLACK_HOLE.as_secs(),
+                    freed.len(),
+                    r.freed.len(),
+                    max(freed).map_or_else(|| "—".to_owned(), ms),
+                    ms(c.takeover_bound(r.backend))
+                )
+            }
             Fault::BlackHoleConn => {
                 let again: Vec<Duration> = r.reacquires.iter().flatten().copied().collect();
                 format!(

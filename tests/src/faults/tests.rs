@@ -1,6 +1,9 @@
 //! The analysis must catch what it is there to catch: these feed it records
 //! of runs that broke the rules.
 
+use std::collections::HashMap;
+
+use super::nemesis::{DriftClock, executes};
 use super::*;
 
 fn config() -> Config {
@@ -777,3 +780,181 @@ fn the_report_links_each_row_to_its_timeline_and_writes_it_beside_itself() {
     assert!(!md.contains("faults-pg-table-stop"), "{md}");
     assert!(svg.expect("the picture").contains("SIGKILL of process 1"));
 }
+
+#[test]
+fn a_lock_not_free_soon_after_black_hole_long_heals_is_a_failure() {
+    // The victim's token is cancelled at its deadline; the heal comes 8 s
+    // after the fault; another contender acquires `after_ms` after the heal.
+    let outcome = |after_ms: Option<i64>| {
+        let mut victim = section("a", 1, 0, Some(1100));
+        victim.t_cancel = Some(1_050_000);
+        let mut sections = vec![victim];
+        sections.extend(after_ms.map(|a| section("b", 2, 8100 + a, Some(8100 + a + 500))));
+        let mut event = kill_event("a", 100);
+        event.t_lifted = Some(8_100_000);
+        run_on(
+            BackendKind::PgAdvisory,
+            Fault::BlackHoleLong,
+            &[],
+            &[event],
+            &sections,
+            &[],
+        )
+    };
+    let r = outcome(Some(200));
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.freed, vec![Some(Duration::from_millis(200))]);
+    let r = outcome(Some(1400));
+    assert!(
+        failed(&r, "another contender acquired Some(1.4s) after the heal"),
+        "{:?}",
+        r.failures
+    );
+    let r = outcome(None);
+    assert!(
+        failed(&r, "another contender acquired None after the heal"),
+        "{:?}",
+        r.failures
+    );
+}
+
+/// `a`'s body: granted at 0, valid until 500 ms, its token fired then, and
+/// it returned at `returned_ms`.
+fn body(returned_ms: i64) -> Section {
+    let mut a = section("a", 1, 0, Some(500));
+    a.t_cancel = Some(500_000);
+    a.t_end = Some(returned_ms * 1000);
+    a.valid_end = Some(false);
+    a
+}
+
+#[test]
+fn a_body_that_runs_into_the_next_holders_is_an_overlap() {
+    let next = section("b", 2, 600, Some(900));
+    let r = run(Fault::BlackHole, &[], &[], &[body(700), next.clone()], &[]);
+    assert_eq!(r.overlaps, 0, "the valid intervals do not intersect");
+    assert_eq!(r.body_overlaps, 1);
+    assert_eq!(r.max_body_overlap, Duration::from_millis(100));
+    assert!(failed(&r, "1 overlaps between bodies"), "{:?}", r.failures);
+    // Returned before the next grant: none.
+    let r = run(Fault::BlackHole, &[], &[], &[body(590), next], &[]);
+    assert_eq!(r.body_overlaps, 0);
+    assert!(!failed(&r, "between bodies"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_frozen_body_is_reported_apart_and_a_revoked_one_is_not_failed() {
+    // Stopped at 50 ms, woken at 2.6 s: b held in between.
+    let mut frozen = section("a", 1, 0, Some(100));
+    frozen.t_end = Some(2_600_500);
+    frozen.wake_t = Some(2_600_000);
+    frozen.wake_valid = Some(false);
+    frozen.wake_cancel_us = Some(0);
+    frozen.wake_write_accepted = Some(false);
+    let mut pause = kill_event("a", 50);
+    pause.t_lifted = Some(2_600_000);
+    let sections = [frozen, section("b", 2, 1200, Some(1500))];
+    let r = run(Fault::Stop, &[], &[pause], &sections, &[]);
+    assert_eq!((r.body_overlaps, r.frozen_overlaps), (0, 1));
+    assert!(!failed(&r, "between bodies"), "{:?}", r.failures);
+
+    // A steal at 390 ms: b acquires at 400 ms; a learns at 500 ms and
+    // returns at 650 ms.
+    let sections = [body(650), section("b", 2, 400, Some(900))];
+    let r = run(Fault::Steal, &[], &[kill_event("a", 390)], &sections, &[]);
+    assert_eq!(r.body_overlaps, 1);
+    assert!(!failed(&r, "between bodies"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_deploy_hands_over_when_the_body_returns_and_the_process_exits() {
+    // SIGTERM at 1 s: the token fires at once, the body returns 100 ms later.
+    let mut victim = section("a", 1, 0, Some(1000));
+    victim.t_cancel = Some(1_001_000);
+    victim.t_end = Some(1_100_000);
+    victim.valid_end = Some(false);
+    let mut term = kill_event("a", 1000);
+    term.t_lifted = Some(1_300_000);
+    let outcome = |next_ms: i64, term: &Event| {
+        let next = section("b", 2, next_ms, Some(next_ms + 500));
+        run(
+            Fault::Deploy,
+            &[],
+            std::slice::from_ref(term),
+            &[victim.clone(), next],
+            &[],
+        )
+    };
+    let r = outcome(1120, &term);
+    assert!(r.failures.is_empty(), "{:?}", r.failures);
+    assert_eq!(r.handovers, vec![Some(Duration::from_millis(20))]);
+    assert_eq!(r.exits, vec![Some(Duration::from_millis(300))]);
+    // Left to expire instead of released: granted again a ttl later.
+    let r = outcome(2150, &term);
+    assert!(
+        failed(&r, "deploy: the lease was handed over Some(1.05s)"),
+        "{:?}",
+        r.failures
+    );
+    // Granted to another before the victim's body returned.
+    let r = outcome(1050, &term);
+    assert!(failed(&r, "overlaps between bodies"), "{:?}", r.failures);
+    // The victim never exited.
+    term.t_lifted = None;
+    let r = outcome(1120, &term);
+    assert!(
+        failed(&r, "deploy: the victim exited None"),
+        "{:?}",
+        r.failures
+    );
+}
+
+#[test]
+fn a_max_hold_that_fires_late_or_never_is_a_failure() {
+    // max_hold (1 s) over at 1 s: the token must fire then.
+    let outcome = |cancel_ms: Option<i64>| {
+        let mut victim = section("a", 1, 0, Some(cancel_ms.unwrap_or(2000)));
+        victim.t_cancel = cancel_ms.map(|c| c * 1000);
+        let next = section("b", 2, 2100, Some(2500));
+        run(
+            Fault::MaxHold,
+            &[],
+            &[kill_event("a", 1000)],
+            &[victim, next],
+            &[],
+        )
+    };
+    let r = outcome(Some(1002));
+    assert_eq!(r.cancels, vec![Some(Duration::from_millis(2))]);
+    assert!(!failed(&r, "cancelled after"), "{:?}", r.failures);
+    let r = outcome(Some(1700));
+    assert!(
+        failed(&r, "cancelled after Some(700ms)"),
+        "{:?}",
+        r.failures
+    );
+    let r = outcome(None);
+    assert!(failed(&r, "cancelled after None"), "{:?}", r.failures);
+}
+
+#[test]
+fn a_drifting_holder_whose_times_are_off_fails_the_run() {
+    let mut victim = section("a", 1, 0, Some(800));
+    victim.t_cancel = Some(800_000);
+    let mut event = kill_event("a", 100);
+    event.clock = Some(DriftClock {
+        rate: 0.8,
+        error: Duration::from_micros(300),
+    });
+    let r = run(Fault::Drift, &[], &[event.clone()], &[victim.clone()], &[]);
+    assert_eq!(r.clocks, vec![(0.8, Duration::from_micros(300))]);
+    assert!(!failed(&r, "times were off"), "{:?}", r.failures);
+    event.clock = Some(DriftClock {
+        rate: 0.8,
+        error: Duration::from_millis(8),
+    });
+    let r = run(Fault::Drift, &[], &[event], &[victim], &[]);
+    assert!(failed(&r, "times were off by 8ms"), "{:?}", r.failures);
+}
+
+mod evictions;

@@ -146,11 +146,8 @@ pub(super) fn build(
         .min_by_key(|s| s.t_start)
         .filter(|_| was_lost);
     // Where the picture ends: after everything the fault set off.
-    let lifted = match fault {
-        // Lifted when the victim had acquired again: nothing to draw.
-        Fault::BlackHoleConn => None,
-        _ => e.t_lifted,
-    };
+    let lifted_what = fault.spec().lifted;
+    let lifted = e.t_lifted.filter(|_| lifted_what.is_some());
     let after = [
         // black-hole-conn: when the victim had acquired again.
         e.t_lifted,
@@ -243,34 +240,12 @@ pub(super) fn build(
         .get(e.variant)
         .filter(|v| !v.is_empty())
         .map_or(String::new(), |v| format!(" ({v})"));
-    let who = lane_name(victim);
-    let what = match fault {
-        Fault::Kill => format!("SIGKILL of {who}"),
-        Fault::Stop => format!("SIGSTOP of {who}{variant}"),
-        Fault::ConnKill => format!("{} server connection(s) of {who} killed", e.count),
-        Fault::Steal => format!("the lease of {who} ended on the server"),
-        Fault::Latency => format!("added latency{variant}"),
-        Fault::BlackHole => format!("the link of {who} black-holed"),
-        Fault::BlackHoleConn => format!("the open connections of {who} silent for good"),
-        Fault::Reset => "every connection reset (TCP RST)".to_owned(),
-        Fault::LateRelease => format!("the release of {who} held back in the network"),
-        Fault::Restart => format!("server crash{variant}"),
-        Fault::RestartNoPersistence => format!("server crash, no persistence{variant}"),
-        Fault::MasterKill => format!("SIGKILL of the master of the lease's slot{variant}"),
-        Fault::LeaderKill => "SIGKILL of the etcd leader member".to_owned(),
-        Fault::LeaderPause => "SIGSTOP of the etcd leader member".to_owned(),
-        Fault::Partition => format!("one etcd member partitioned{variant}"),
-    };
-    let lifted_what = match fault {
-        Fault::Stop => "SIGCONT",
-        Fault::LateRelease => "held-back release delivered",
-        Fault::Restart | Fault::RestartNoPersistence => "server up again",
-        Fault::MasterKill => "killed master back, as a replica",
-        Fault::LeaderKill => "member restarted",
-        Fault::LeaderPause => "SIGCONT",
-        Fault::Partition => "healed",
-        _ => "fault lifted",
-    };
+    let what = fault
+        .spec()
+        .caption
+        .replace("{who}", &lane_name(victim))
+        .replace("{variant}", &variant)
+        .replace("{count}", &e.count.to_string());
     Some(Timeline {
         title: format!(
             "{} · {}{}",
@@ -284,8 +259,9 @@ pub(super) fn build(
         ),
         fault: what,
         lifted: lifted
-            .filter(|&l| l > e.t)
-            .map(|l| (ms(l), lifted_what.to_owned())),
+            .zip(lifted_what)
+            .filter(|&(l, _)| l > e.t)
+            .map(|(l, what)| (ms(l), what.to_owned())),
         ttl_ms: ttl.as_secs_f64() * 1000.0,
         from_ms: ms(from),
         to_ms: ms(to),

@@ -9,7 +9,21 @@
 //! no longer valid) keeps the election, which contends again by itself, and
 //! its `REL` says `lost` (nothing was sent).
 //!
+//! A section is the *body*: from the grant until the body returns. A
+//! cooperative body stops a random 0 to grace/2 (the library's default
+//! grace, ttl/3) after its token fires — its stop is work, which takes real
+//! time — or at its natural end. The section's valid interval (while
+//! `is_valid()`) is recorded too.
+//!
+//! `SIGTERM` is a deploy: the worker calls [`Lease::shutdown`] (its body
+//! winds down as above) and exits when it returns. With `--max-hold-ms`
+//! every acquisition is a [`Lease::job`] with that `max_hold`.
+//!
 //! Times are µs of [`monotonic_us`], shared by every process of the run.
+//! With `--clock-rate R` (not 1) the worker runs under libfaketime with its
+//! clocks at R× real speed (the `drift` fault): it reports its clock mapped
+//! back to the real one, by a pair of readings the orchestrator sends
+//! (`clock-map`), and contends only once it has them.
 //!
 //! Lines written to stdout (one event each):
 //!
@@ -25,31 +39,43 @@
 //!   had been paused (a gap longer than the ttl between two steps);
 //! - `RELEASING`: after `end-gated`, its section is over and recorded, and it
 //!   waits for `go` to release;
-//! - `YIELDED`: after `yield <ms>`, no acquisition of its is under way.
+//! - `YIELDED`: after `yield <ms>`, no acquisition of its is under way;
+//! - `CLOCK <us>`: answer to `clock`: its own (unmapped) monotonic clock;
+//! - `INTXN ok|refused` / `TXN ok|err`: after `txn-hold` (with `--txn 1`),
+//!   see `faults/txn.rs`;
+//! - `TERM <t>` / `SHUTDOWN <t>`: `SIGTERM` received, `shutdown()` returned.
 //!
 //! Lines read from stdin:
 //!
 //! - `hold <ms>`: keep the current section going for at least `ms` more
 //!   (the nemesis uses it to be sure its victim still holds when the fault
-//!   lands; it does not change what the contender does with its lease);
+//!   lands; it does not change what the contender does with its lease, and
+//!   a body whose token has fired answers `IDLE`: it is ending);
 //! - `end`: end the current section now (and release, as always);
 //! - `end-gated`: end it now, and wait for `go` (at most 5 s) before
 //!   releasing, so that the nemesis can set up the network first;
 //! - `yield <ms>`: start no acquisition for `ms` (0: contend again), so that
 //!   another contender gets the lease;
 //! - `stop`: finish the current section and exit. End of input also means
-//!   stop, so contenders never outlive the orchestrator.
+//!   stop, so contenders never outlive the orchestrator;
+//! - `clock`, `clock-map <real> <fake>`: see `--clock-rate` above;
+//! - `txn-hold`, `commit` (with `--txn 1`): the body opens a transaction
+//!   checked in with its lease, says `INTXN`, and waits for `commit` (at
+//!   most 10 s) before it writes to the unfenced table (`faults/txn.rs`).
+//!
+//! With `--txn 1` (`stop-in-txn`) every section also starts with such a
+//! write, not held.
 //!
 //! With [`super::breaks::VAR`] set, the backend or the
 //! contender is deliberately broken (see [`super::breaks`]).
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis};
-use lease::{Backend, Election, Lease, LeaseGuard, Term};
+use leasehold::backend::{MySqlTable, PgAdvisory, PgTable, Redis};
+use leasehold::{Backend, Election, Lease, LeaseGuard, Term};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Notify;
@@ -57,28 +83,35 @@ use tokio::time::Instant;
 
 use super::breaks::{self, Broken, LateDeadline, Raw};
 use super::checker::{Checker, SectionEnd};
-use super::{BackendKind, monotonic_us};
+use super::{BackendKind, monotonic_us, us};
 
 /// The fence table of `pg-advisory-fenced`, on the private PostgreSQL
 /// (created with the lease table when the run starts).
 pub(crate) const FENCE_TABLE: &str = "lease_fences";
 
-/// Everything a worker needs, from its command line.
+/// Everything a worker needs, from its command line ([`Args::command_line`]).
 #[derive(Debug, Clone)]
-struct Args {
-    backend: BackendKind,
-    url: String,
-    name: String,
-    holder: String,
-    ttl: Duration,
-    checker_url: String,
-    prefix: String,
-    key: String,
-    section_min: Duration,
-    section_max: Duration,
-    run_for: Duration,
-    pool_ping: bool,
-    elect: bool,
+pub(crate) struct Args {
+    pub(crate) backend: BackendKind,
+    pub(crate) url: String,
+    pub(crate) name: String,
+    pub(crate) holder: String,
+    pub(crate) ttl: Duration,
+    pub(crate) checker_url: String,
+    pub(crate) prefix: String,
+    pub(crate) key: String,
+    pub(crate) section_min: Duration,
+    pub(crate) section_max: Duration,
+    pub(crate) run_for: Duration,
+    pub(crate) pool_ping: bool,
+    pub(crate) elect: bool,
+    /// Every acquisition is a job with this `max_hold`.
+    pub(crate) max_hold: Option<Duration>,
+    /// The speed of its clocks (under libfaketime); 1: real.
+    pub(crate) clock_rate: f64,
+    /// Each section writes to the unfenced table in a checked-in
+    /// transaction, and `txn-hold` holds one (`faults/txn.rs`).
+    pub(crate) txn: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -109,44 +142,75 @@ fn parse(args: &[String]) -> Result<Args, String> {
         pool_ping: get("--pool-ping")? == "1",
         // Absent: the try_acquire loop.
         elect: get("--elect").is_ok_and(|v| v == "1"),
+        // Absent or 0: none.
+        max_hold: ms("--max-hold-ms").ok().filter(|d| !d.is_zero()),
+        clock_rate: match get("--clock-rate") {
+            Ok(rate) => rate.parse().map_err(|e| format!("--clock-rate: {e}"))?,
+            Err(_) => 1.0,
+        },
+        txn: get("--txn").is_ok_and(|v| v == "1"),
     })
 }
 
-/// The command-line arguments of a worker (after the `worker` role word).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn command_line(
-    backend: BackendKind,
-    url: &str,
-    name: &str,
-    holder: &str,
-    ttl: Duration,
-    checker_url: &str,
-    prefix: &str,
-    key: &str,
-    section: (Duration, Duration),
-    run_for: Duration,
-    pool_ping: bool,
-    elect: bool,
-) -> Vec<String> {
-    let ms = |d: Duration| d.as_millis().to_string();
-    [
-        ("--backend", backend.as_str().to_owned()),
-        ("--url", url.to_owned()),
-        ("--name", name.to_owned()),
-        ("--holder", holder.to_owned()),
-        ("--ttl-ms", ms(ttl)),
-        ("--checker", checker_url.to_owned()),
-        ("--prefix", prefix.to_owned()),
-        ("--key", key.to_owned()),
-        ("--section-min-ms", ms(section.0)),
-        ("--section-max-ms", ms(section.1)),
-        ("--run-for-ms", ms(run_for)),
-        ("--pool-ping", u8::from(pool_ping).to_string()),
-        ("--elect", u8::from(elect).to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_owned(), v])
-    .collect()
+impl Args {
+    /// The command-line arguments of a worker (after the `worker` role word).
+    pub(crate) fn command_line(&self) -> Vec<String> {
+        let ms = |d: Duration| d.as_millis().to_string();
+        [
+            ("--backend", self.backend.as_str().to_owned()),
+            ("--url", self.url.clone()),
+            ("--name", self.name.clone()),
+            ("--holder", self.holder.clone()),
+            ("--ttl-ms", ms(self.ttl)),
+            ("--checker", self.checker_url.clone()),
+            ("--prefix", self.prefix.clone()),
+            ("--key", self.key.clone()),
+            ("--section-min-ms", ms(self.section_min)),
+            ("--section-max-ms", ms(self.section_max)),
+            ("--run-for-ms", ms(self.run_for)),
+            ("--pool-ping", u8::from(self.pool_ping).to_string()),
+            ("--elect", u8::from(self.elect).to_string()),
+            ("--max-hold-ms", ms(self.max_hold.unwrap_or_default())),
+            ("--clock-rate", self.clock_rate.to_string()),
+            ("--txn", u8::from(self.txn).to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_owned(), v])
+        .collect()
+    }
+
+    /// The grace the contenders' leases have: the library's default, ttl/3.
+    pub(crate) fn grace(&self) -> Duration {
+        self.ttl / 3
+    }
+}
+
+/// The mapping of a drifting worker's clock to the real one: a reading of
+/// each taken at the same instant (`(real, own)`, µs), and its speed.
+#[derive(Debug, Clone, Copy)]
+struct ClockMap {
+    real: i64,
+    own: i64,
+    rate: f64,
+}
+
+/// Set once by `clock-map` (a drifting worker only).
+static CLOCK_MAP: OnceLock<ClockMap> = OnceLock::new();
+
+/// The time now, in µs of the run's clock ([`monotonic_us`]): for a
+/// drifting worker, its own clock mapped back to the real one.
+fn now_us() -> i64 {
+    let own = monotonic_us();
+    match CLOCK_MAP.get() {
+        Some(map) => map.real + ((own - map.own) as f64 / map.rate) as i64,
+        None => own,
+    }
+}
+
+/// `real` µs of real time, on this worker's own clock (what to sleep for).
+fn on_own_clock(real: i64) -> Duration {
+    let rate = CLOCK_MAP.get().map_or(1.0, |m| m.rate);
+    Duration::from_micros(u64::try_from((real as f64 * rate) as i64).unwrap_or(0))
 }
 
 /// Run a worker with `args` (everything after the `worker` role word);
@@ -178,7 +242,11 @@ pub fn main(args: &[String]) -> i32 {
             return 1;
         }
     };
-    match runtime.block_on(run(args)) {
+    let result = runtime.block_on(run(args));
+    // Not waiting for the task blocked reading stdin, which the orchestrator
+    // keeps open after a deploy's `SIGTERM`.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("fault-suite worker: {e}");
@@ -210,11 +278,12 @@ impl Rng {
     }
 }
 
-/// The lease of a contender, and what `deadline-1.2` believes if that
-/// break is on.
+/// The lease of a contender, what `deadline-1.2` believes if that
+/// break is on, and where `release-at-shutdown` sends its release.
 struct Contender {
     lease: Lease,
     late_deadline: Option<Arc<LateDeadline>>,
+    raw: Raw,
 }
 
 /// `backend`, wrapped in the breaks of [`breaks::VAR`] if any.
@@ -223,13 +292,15 @@ fn contender(backend: impl Backend, raw: Raw, holder: &str) -> Contender {
         return Contender {
             lease: Lease::with_holder(backend, holder),
             late_deadline: None,
+            raw,
         };
     }
-    let broken = Broken::new(backend, raw);
+    let broken = Broken::new(backend, raw.clone());
     let late_deadline = broken.late_deadline();
     Contender {
         lease: Lease::with_holder(broken, holder),
         late_deadline,
+        raw,
     }
 }
 
@@ -308,7 +379,7 @@ async fn lease(args: &Args) -> Result<Contender, String> {
             let endpoints: Vec<&str> = args.url.split(',').collect();
             let limit = Instant::now() + Duration::from_secs(30);
             let etcd = loop {
-                match lease::backend::Etcd::connect(&endpoints).await {
+                match leasehold::backend::Etcd::connect(&endpoints).await {
                     Ok(etcd) => break etcd,
                     Err(e) if Instant::now() > limit => return Err(e.to_string()),
                     Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -326,6 +397,8 @@ struct Control {
     /// Keep the current section going until this instant (µs).
     hold_until: AtomicI64,
     in_section: AtomicBool,
+    /// The current section's token has fired: its body is ending.
+    winding_down: AtomicBool,
     /// End the current section now.
     end_now: AtomicBool,
     /// Before releasing, say `RELEASING` and wait for `go`.
@@ -335,9 +408,13 @@ struct Control {
     yield_until: AtomicI64,
     /// A `yield` waits for its `YIELDED`.
     yield_unanswered: AtomicBool,
+    /// `txn-hold`: hold the next write's checked-in transaction open.
+    txn_hold: AtomicBool,
+    /// `commit`: the held transaction may go on.
+    commit: Notify,
 }
 
-fn say(line: &str) {
+pub(super) fn say(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
@@ -345,7 +422,7 @@ fn say(line: &str) {
 }
 
 /// What a section holds: a lease from `try_acquire`, or an election's term.
-enum Holding {
+pub(super) enum Holding {
     Guard(LeaseGuard),
     Term(Term),
 }
@@ -365,10 +442,21 @@ impl Holding {
         }
     }
 
-    fn token(&self) -> lease::CancellationToken {
+    fn token(&self) -> leasehold::CancellationToken {
         match self {
             Holding::Guard(guard) => guard.token(),
             Holding::Term(term) => term.token(),
+        }
+    }
+
+    /// `check_in` of the lease (or term) on `conn`.
+    pub(super) async fn check_in<C: leasehold::CheckIn>(
+        &self,
+        conn: &mut C,
+    ) -> Result<(), leasehold::Error> {
+        match self {
+            Holding::Guard(guard) => guard.check_in(conn).await,
+            Holding::Term(term) => term.check_in(conn).await,
         }
     }
 }
@@ -388,6 +476,28 @@ impl Validity {
             None => self.guard.is_valid(),
         }
     }
+
+    /// Should the body start to stop: its token fired (or, under
+    /// `deadline-1.2`, the broken belief ended; under `ignore-token`, never).
+    fn told_to_stop(&self, token: &leasehold::CancellationToken) -> bool {
+        if breaks::on("ignore-token") {
+            return false;
+        }
+        match &self.late_deadline {
+            Some(late) => !late.valid(&self.name),
+            None => token.is_cancelled(),
+        }
+    }
+}
+
+/// Resolves when the body's token fires, if the body listens to it (not
+/// under `deadline-1.2`, whose belief is polled, nor `ignore-token`).
+async fn token_fired(token: &leasehold::CancellationToken, listens: bool) {
+    if listens {
+        token.cancelled().await;
+    } else {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Sample the validity every millisecond, from a task of its own, until it
@@ -402,7 +512,7 @@ fn sample(validity: Arc<Validity>, last: Arc<AtomicI64>) -> tokio::task::JoinHan
         loop {
             tick.tick().await;
             // The clock first: if the lease is valid now, it was valid then.
-            let t = monotonic_us();
+            let t = now_us();
             if !validity.valid() {
                 return;
             }
@@ -423,7 +533,7 @@ async fn write(
 ) -> Result<bool, String> {
     let err = |e: sqlx::Error| format!("checker: {e}");
     let (accepted, id) = checker
-        .write(&args.key, &args.holder, fence, kind, valid, monotonic_us())
+        .write(&args.key, &args.holder, fence, kind, valid, now_us())
         .await
         .map_err(err)?;
     checker
@@ -431,6 +541,87 @@ async fn write(
         .await
         .map_err(err)?;
     Ok(accepted)
+}
+
+/// Read the orchestrator's commands from stdin (see the module docs) until
+/// `stop` or the end of input.
+fn listen(control: Arc<Control>, clock_rate: f64, clock_set: Arc<Notify>) {
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut words = line.split_whitespace();
+            let word = words.next();
+            let mut number = || words.next().and_then(|w| w.parse::<i64>().ok());
+            match (word, number()) {
+                (Some("hold"), Some(ms)) => {
+                    control
+                        .hold_until
+                        .store(now_us() + ms * 1000, Ordering::SeqCst);
+                    if control.in_section.load(Ordering::SeqCst)
+                        && !control.winding_down.load(Ordering::SeqCst)
+                    {
+                        say(&format!("HOLDING {}", now_us()));
+                    } else {
+                        say("IDLE");
+                    }
+                }
+                (Some("end"), _) => {
+                    control.hold_until.store(0, Ordering::SeqCst);
+                    control.end_now.store(true, Ordering::SeqCst);
+                }
+                (Some("end-gated"), _) => {
+                    control.hold_until.store(0, Ordering::SeqCst);
+                    control.gated.store(true, Ordering::SeqCst);
+                    control.end_now.store(true, Ordering::SeqCst);
+                }
+                (Some("go"), _) => control.go.notify_one(),
+                (Some("txn-hold"), _) => control.txn_hold.store(true, Ordering::SeqCst),
+                (Some("commit"), _) => control.commit.notify_one(),
+                (Some("yield"), Some(ms)) => {
+                    let until = if ms > 0 { now_us() + ms * 1000 } else { 0 };
+                    control.yield_until.store(until, Ordering::SeqCst);
+                    control.yield_unanswered.store(ms > 0, Ordering::SeqCst);
+                }
+                // Its own clock, unmapped: the orchestrator pairs it with its own.
+                (Some("clock"), _) => say(&format!("CLOCK {}", monotonic_us())),
+                (Some("clock-map"), Some(real)) => {
+                    if let Some(own) = number() {
+                        let rate = clock_rate;
+                        let _ = CLOCK_MAP.set(ClockMap { real, own, rate });
+                        clock_set.notify_one();
+                    }
+                }
+                (Some("stop"), _) => break,
+                _ => {}
+            }
+        }
+        control.stop.store(true, Ordering::SeqCst);
+    });
+}
+
+/// A deploy: on `SIGTERM`, [`Lease::shutdown`] (the body winds down as its
+/// token tells it), then stop. Under `release-at-shutdown` the lease is
+/// first ended on the server, as a library that released at shutdown
+/// without waiting for the body would.
+fn on_sigterm(lease: Lease, control: Arc<Control>, raw: Raw, name: String, holder: String) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        term.recv().await;
+        say(&format!("TERM {}", now_us()));
+        if breaks::on("release-at-shutdown") {
+            let _ = breaks::release_ignoring_fence(
+                &raw,
+                leasehold::Acquisition::new(&name, &holder, None),
+            )
+            .await;
+        }
+        lease.shutdown().await;
+        say(&format!("SHUTDOWN {}", now_us()));
+        control.stop.store(true, Ordering::SeqCst);
+    });
 }
 
 async fn run(args: Args) -> Result<(), String> {
@@ -444,70 +635,38 @@ async fn run(args: Args) -> Result<(), String> {
     let Contender {
         lease,
         late_deadline,
+        raw,
     } = lease(&args).await?;
     let announce_before_record = breaks::on("announce-before-record");
     let control = Arc::new(Control::default());
-    let stdin_control = control.clone();
-    tokio::spawn(async move {
-        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let mut words = line.split_whitespace();
-            match (
-                words.next(),
-                words.next().and_then(|w| w.parse::<i64>().ok()),
-            ) {
-                (Some("hold"), Some(ms)) => {
-                    stdin_control
-                        .hold_until
-                        .store(monotonic_us() + ms * 1000, Ordering::SeqCst);
-                    if stdin_control.in_section.load(Ordering::SeqCst) {
-                        say(&format!("HOLDING {}", monotonic_us()));
-                    } else {
-                        say("IDLE");
-                    }
-                }
-                (Some("end"), _) => {
-                    stdin_control.hold_until.store(0, Ordering::SeqCst);
-                    stdin_control.end_now.store(true, Ordering::SeqCst);
-                }
-                (Some("end-gated"), _) => {
-                    stdin_control.hold_until.store(0, Ordering::SeqCst);
-                    stdin_control.gated.store(true, Ordering::SeqCst);
-                    stdin_control.end_now.store(true, Ordering::SeqCst);
-                }
-                (Some("go"), _) => stdin_control.go.notify_one(),
-                (Some("yield"), Some(ms)) => {
-                    let until = if ms > 0 {
-                        monotonic_us() + ms * 1000
-                    } else {
-                        0
-                    };
-                    stdin_control.yield_until.store(until, Ordering::SeqCst);
-                    stdin_control
-                        .yield_unanswered
-                        .store(ms > 0, Ordering::SeqCst);
-                }
-                (Some("stop"), _) => break,
-                _ => {}
-            }
-        }
-        stdin_control.stop.store(true, Ordering::SeqCst);
-    });
+    let clock_set = Arc::new(Notify::new());
+    listen(control.clone(), args.clock_rate, clock_set.clone());
+    on_sigterm(
+        lease.clone(),
+        control.clone(),
+        raw.clone(),
+        args.name.clone(),
+        args.holder.clone(),
+    );
     say("READY");
-    let fenced = args.backend.fenced();
-    let ttl_us = i64::try_from(args.ttl.as_micros()).unwrap_or(i64::MAX);
-    let step = Duration::from_millis(20);
+    if args.clock_rate != 1.0
+        && tokio::time::timeout(Duration::from_secs(10), clock_set.notified())
+            .await
+            .is_err()
+        && CLOCK_MAP.get().is_none()
+    {
+        return Err("no clock-map within 10 s".to_owned());
+    }
+    let ttl_us = us(args.ttl);
     let mut rng = Rng::new();
     let started = Instant::now();
-    let pid = std::process::id();
-    let err = |e: sqlx::Error| format!("checker: {e}");
     // `--elect 1`: the election, while one runs, and since when it has been
     // waited for (where its grant's answer is looked for).
     let mut election: Option<Election> = None;
-    let mut waiting_since = monotonic_us();
+    let mut waiting_since = now_us();
 
     while !control.stop.load(Ordering::SeqCst) && started.elapsed() < args.run_for {
-        if control.yield_until.load(Ordering::SeqCst) > monotonic_us() {
+        if control.yield_until.load(Ordering::SeqCst) > now_us() {
             if let Some(e) = election.take() {
                 // Contend no more (it cannot lead here: its sections are over).
                 let _ = e.resign().await;
@@ -520,7 +679,7 @@ async fn run(args: Args) -> Result<(), String> {
         }
         let (t_req, holding) = if args.elect {
             let e = election.get_or_insert_with(|| {
-                waiting_since = monotonic_us();
+                waiting_since = now_us();
                 lease.elect(&args.name, args.ttl)
             });
             // Short waits, so that `stop` and `yield` are seen.
@@ -529,8 +688,18 @@ async fn run(args: Args) -> Result<(), String> {
                 Err(_) => continue,
             }
         } else {
-            let t_req = monotonic_us();
-            match lease.try_acquire(&args.name, args.ttl).await {
+            let t_req = now_us();
+            let acquired = match args.max_hold {
+                Some(max_hold) => {
+                    lease
+                        .job(&args.name, args.ttl)
+                        .max_hold(max_hold)
+                        .acquire()
+                        .await
+                }
+                None => lease.try_acquire(&args.name, args.ttl).await,
+            };
+            match acquired {
                 Ok(Some(guard)) => (t_req, Holding::Guard(guard)),
                 Ok(None) | Err(_) => {
                     tokio::time::sleep(
@@ -541,12 +710,100 @@ async fn run(args: Args) -> Result<(), String> {
                 }
             }
         };
-        let t_start = monotonic_us();
         let validity = Arc::new(Validity {
             guard: Arc::new(holding),
             name: args.name.clone(),
             late_deadline: late_deadline.clone(),
         });
+        let section = Section {
+            args: &args,
+            checker: &checker,
+            control: &control,
+            raw: &raw,
+            validity,
+            t_req,
+            announce_before_record,
+        };
+        let (validity, ended) = section.run(ttl_us, &mut rng).await?;
+        if control.gated.swap(false, Ordering::SeqCst) {
+            say("RELEASING");
+            let _ = tokio::time::timeout(Duration::from_secs(5), control.go.notified()).await;
+        }
+        let Ok(Validity { guard, .. }) = Arc::try_unwrap(validity) else {
+            return Err("BUG: the guard is still shared".to_owned());
+        };
+        let Ok(holding) = Arc::try_unwrap(guard) else {
+            return Err("BUG: the guard is still shared".to_owned());
+        };
+        let sent = now_us();
+        let released = match holding {
+            Holding::Guard(guard) => guard.release().await.is_ok(),
+            Holding::Term(_) if ended.lost || ended.woke => {
+                // The election contends again by itself.
+                say(&format!("REL {sent} {sent} lost"));
+                waiting_since = now_us();
+                continue;
+            }
+            Holding::Term(term) => {
+                // The body has returned: its Term goes before the resign,
+                // which releases only once every clone is dropped (§6.1).
+                drop(term);
+                match election.take() {
+                    Some(e) => e.resign().await.is_ok(),
+                    None => return Err("BUG: a term without its election".to_owned()),
+                }
+            }
+        };
+        say(&format!(
+            "REL {sent} {} {}",
+            now_us(),
+            if released { "ok" } else { "err" }
+        ));
+        tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(60))).await;
+    }
+    if let Some(e) = election.take() {
+        let _ = e.resign().await;
+    }
+    Ok(())
+}
+
+/// One section — the body — from its grant: recorded in the checker, run
+/// until its natural end (or `end`, `stop`), or until a random 0 to grace/2
+/// after its token fired, or cut short by a pause longer than the ttl.
+struct Section<'a> {
+    args: &'a Args,
+    checker: &'a Checker,
+    control: &'a Control,
+    /// Where `--txn 1` writes the unfenced table.
+    raw: &'a Raw,
+    validity: Arc<Validity>,
+    t_req: i64,
+    announce_before_record: bool,
+}
+
+/// How a section ended.
+struct Ended {
+    /// Its token fired, or the lease was no longer valid, before it ended.
+    lost: bool,
+    /// It woke from a pause longer than the ttl.
+    woke: bool,
+}
+
+impl Section<'_> {
+    async fn run(self, ttl_us: i64, rng: &mut Rng) -> Result<(Arc<Validity>, Ended), String> {
+        let Section {
+            args,
+            checker,
+            control,
+            raw,
+            validity,
+            t_req,
+            announce_before_record,
+        } = self;
+        let err = |e: sqlx::Error| format!("checker: {e}");
+        let fenced = args.backend.fenced();
+        let step = Duration::from_millis(20);
+        let t_start = now_us();
         let valid_start = validity.valid();
         let fence = validity
             .guard
@@ -558,23 +815,24 @@ async fn run(args: Args) -> Result<(), String> {
             let (token, at) = (token.clone(), cancelled_at.clone());
             tokio::spawn(async move {
                 token.cancelled().await;
-                at.store(monotonic_us(), Ordering::SeqCst);
+                at.store(now_us(), Ordering::SeqCst);
             })
         };
         let last_valid = Arc::new(AtomicI64::new(0));
         let sampler = sample(validity.clone(), last_valid.clone());
         control.end_now.store(false, Ordering::SeqCst);
+        control.winding_down.store(false, Ordering::SeqCst);
         control.in_section.store(true, Ordering::SeqCst);
         if announce_before_record {
             // Break: the acquisition is announced, and its section recorded late.
-            say(&format!("ACQ {} {t_start}", fence.unwrap_or(0)));
+            say(&format!("ACQ {} {t_start} {t_req}", fence.unwrap_or(0)));
             tokio::time::sleep(Duration::from_millis(300)).await;
         }
         let section = checker
             .start_section(
                 &args.key,
                 &args.holder,
-                pid,
+                std::process::id(),
                 fence,
                 (t_req, t_start),
                 valid_start,
@@ -582,43 +840,73 @@ async fn run(args: Args) -> Result<(), String> {
             .await
             .map_err(err)?;
         if !announce_before_record {
-            say(&format!("ACQ {} {t_start}", fence.unwrap_or(0)));
+            say(&format!("ACQ {} {t_start} {t_req}", fence.unwrap_or(0)));
         }
         if let Some(f) = fence.filter(|_| fenced) {
             let valid = validity.valid();
-            write(&checker, &args, &validity, f, "start", valid).await?;
+            write(checker, args, &validity, f, "start", valid).await?;
+        }
+        let unfenced = super::txn::Writer {
+            raw,
+            holding: &validity.guard,
+            args,
+            fence: fence.unwrap_or(0),
+        };
+        if args.txn {
+            unfenced.write("start", None).await;
         }
         let mut end = SectionEnd {
             t_last_valid: valid_start.then_some(t_start),
             ..SectionEnd::default()
         };
         let length = rng.between(args.section_min, args.section_max);
+        // How long this body takes to stop once told: work, so real time
+        // (under `drift`, longer on its own clock).
+        let stop_delay = us(rng.between(Duration::ZERO, args.grace() / 2));
+        // The body listens to its token (see `Validity::told_to_stop`).
+        let listens = validity.late_deadline.is_none() && !breaks::on("ignore-token");
         let began = Instant::now();
-        let mut previous = monotonic_us();
+        let mut previous = now_us();
         let mut woke = false;
-        // The section ended because the lease was no longer valid.
-        let mut lost = false;
+        // When the body returns, once told to stop.
+        let mut stop_at: Option<i64> = None;
         loop {
-            let held = control.hold_until.load(Ordering::SeqCst) > monotonic_us();
-            if (began.elapsed() >= length && !held)
-                || control.stop.load(Ordering::SeqCst)
-                || control.end_now.load(Ordering::SeqCst)
-            {
-                break;
+            let now = now_us();
+            match stop_at {
+                Some(at) if now >= at => break,
+                Some(_) => {}
+                None => {
+                    let held = control.hold_until.load(Ordering::SeqCst) > now;
+                    if (began.elapsed() >= length && !held)
+                        || control.stop.load(Ordering::SeqCst)
+                        || control.end_now.load(Ordering::SeqCst)
+                    {
+                        break;
+                    }
+                }
             }
-            tokio::time::sleep(step).await;
-            let t = monotonic_us();
+            let nap = stop_at.map_or(step, |at| step.min(on_own_clock(at - now)));
+            tokio::select! {
+                () = tokio::time::sleep(nap) => {}
+                () = token_fired(&token, listens && stop_at.is_none()) => {}
+            }
+            if args.txn && control.txn_hold.swap(false, Ordering::SeqCst) {
+                // `stop-in-txn`: the nemesis stops it inside, until `commit`.
+                unfenced.write("held", Some(&control.commit)).await;
+            }
+            let t = now_us();
             let valid = validity.valid();
             if t - previous > ttl_us {
                 // We were paused for longer than the ttl (SIGSTOP): the lease
                 // must already be invalid, and its token cancelled as soon as
-                // the engine's task has run.
+                // the engine's task has run. A frozen body cannot stop in
+                // time: it ends here, and the report shows its overlap apart.
                 let cancelled_now = token.is_cancelled();
                 let wait = tokio::time::timeout(Duration::from_secs(2), token.cancelled()).await;
-                let cancel_us = wait.is_ok().then(|| monotonic_us() - t);
+                let cancel_us = wait.is_ok().then(|| now_us() - t);
                 let written = match fence.filter(|_| fenced) {
                     Some(f) => {
-                        Some(write(&checker, &args, &validity, f, "after-pause", valid).await?)
+                        Some(write(checker, args, &validity, f, "after-pause", valid).await?)
                     }
                     None => None,
                 };
@@ -636,18 +924,22 @@ async fn run(args: Args) -> Result<(), String> {
                 break;
             }
             previous = t;
-            if !valid {
-                // Lost: a correct holder stops its work.
-                lost = true;
-                break;
+            if stop_at.is_none() && (validity.told_to_stop(&token) || (listens && !valid)) {
+                // Told to stop (lost, shut down, max_hold): a cooperative
+                // body stops its work, which takes a while.
+                stop_at = Some(t + stop_delay);
+                control.winding_down.store(true, Ordering::SeqCst);
             }
-            end.t_last_valid = Some(t);
+            if valid {
+                end.t_last_valid = Some(t);
+            }
         }
         // From here on a `hold` finds this worker idle: its section is ending.
         control.in_section.store(false, Ordering::SeqCst);
         say("ENDED");
-        end.t_end = monotonic_us();
+        end.t_end = now_us();
         end.valid_end = validity.valid();
+        let lost = stop_at.is_some() || !end.valid_end;
         if end.valid_end {
             end.t_last_valid = Some(end.t_end);
         }
@@ -655,7 +947,7 @@ async fn run(args: Args) -> Result<(), String> {
             // Written whether or not the lease is still valid: a holder that
             // lost its lease without noticing would write too, and the
             // resource must reject it once a newer holder has written.
-            write(&checker, &args, &validity, f, "end", end.valid_end).await?;
+            write(checker, args, &validity, f, "end", end.valid_end).await?;
         }
         if !end.valid_end && cancelled_at.load(Ordering::SeqCst) == 0 {
             // `is_valid()` turns false by the clock at the deadline, and the
@@ -667,12 +959,8 @@ async fn run(args: Args) -> Result<(), String> {
                 .await
                 .is_ok()
             {
-                let _ = cancelled_at.compare_exchange(
-                    0,
-                    monotonic_us(),
-                    Ordering::SeqCst,
-                    Ordering::SeqCst,
-                );
+                let _ =
+                    cancelled_at.compare_exchange(0, now_us(), Ordering::SeqCst, Ordering::SeqCst);
             }
         }
         let cancelled = cancelled_at.load(Ordering::SeqCst);
@@ -686,39 +974,6 @@ async fn run(args: Args) -> Result<(), String> {
             end.t_last_valid = Some(end.t_last_valid.map_or(sampled, |t| t.max(sampled)));
         }
         checker.end_section(section, &end).await.map_err(err)?;
-        if control.gated.swap(false, Ordering::SeqCst) {
-            say("RELEASING");
-            let _ = tokio::time::timeout(Duration::from_secs(5), control.go.notified()).await;
-        }
-        let Ok(Validity { guard, .. }) = Arc::try_unwrap(validity) else {
-            return Err("BUG: the guard is still shared".to_owned());
-        };
-        let Ok(holding) = Arc::try_unwrap(guard) else {
-            return Err("BUG: the guard is still shared".to_owned());
-        };
-        let sent = monotonic_us();
-        let released = match holding {
-            Holding::Guard(guard) => guard.release().await.is_ok(),
-            Holding::Term(_) if lost || woke => {
-                // The election contends again by itself.
-                say(&format!("REL {sent} {sent} lost"));
-                waiting_since = monotonic_us();
-                continue;
-            }
-            Holding::Term(_) => match election.take() {
-                Some(e) => e.resign().await.is_ok(),
-                None => return Err("BUG: a term without its election".to_owned()),
-            },
-        };
-        say(&format!(
-            "REL {sent} {} {}",
-            monotonic_us(),
-            if released { "ok" } else { "err" }
-        ));
-        tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(60))).await;
+        Ok((validity, Ended { lost, woke }))
     }
-    if let Some(e) = election.take() {
-        let _ = e.resign().await;
-    }
-    Ok(())
 }
