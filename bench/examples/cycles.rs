@@ -18,8 +18,8 @@
 
 use std::time::{Duration, Instant};
 
-use lease::Lease;
-use lease::backend::PgAdvisory;
+use leasehold::Lease;
+use leasehold::backend::PgAdvisory;
 use sqlx::postgres::PgPoolOptions;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -88,7 +88,7 @@ async fn main() -> Result<(), BoxError> {
                         &watched_lease
                     };
                     let ran = lease.with_lease(name, TTL, |_| async {}).await;
-                    if !matches!(ran, lease::Outcome::Ran(())) {
+                    if !matches!(ran, leasehold::Outcome::Ran(())) {
                         return Err(format!("{kind} did not run: {ran:?}").into());
                     }
                 }

@@ -1,7 +1,7 @@
 //! Hand-over: how soon a waiting [`Lease::acquire`] gets a lease that its
 //! holder released, with the backend's push ([`Backend::released`]: PostgreSQL
 //! `LISTEN/NOTIFY`, Redis `PUBLISH`, also on a Redis Cluster, which passes
-//! it to every node; `Etcd` has none and polls) and without it (the polling baseline,
+//! it to every node; `Etcd`'s watch) and without it (the polling baseline,
 //! measured in the same run); and how soon it takes a crashed holder's lease
 //! after its expiry.
 //!
@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use lease::backend::PgAdvisory;
-use lease::{Acquisition, Backend, Error, Grant, Lease, LeaseInfo};
+use leasehold::backend::PgAdvisory;
+use leasehold::{Acquisition, Backend, Error, Grant, Lease, LeaseInfo};
 use tokio::sync::Notify;
 
 use crate::BoxError;
@@ -388,11 +388,13 @@ pub(crate) async fn handover(
         poll: Stats::of(&mut poll),
         crash_ttl,
         crash: Stats::of(&mut crash),
-        // `Etcd` does not implement `released` (it could watch the key; it
-        // does not): its waiters poll.
         pushes: matches!(
             t,
-            Target::Pg(_) | Target::PgAdvisory(..) | Target::Redis(..) | Target::RedisCluster(..)
+            Target::Pg(_)
+                | Target::PgAdvisory(..)
+                | Target::Redis(..)
+                | Target::RedisCluster(..)
+                | Target::Etcd(_)
         ),
     })
 }
@@ -419,7 +421,7 @@ pub(crate) fn report<'a>(
     let _ = writeln!(s, "\n### Hand-over: a waiting `acquire`\n");
     let _ = writeln!(
         s,
-        "One holder and one waiter, each a `Lease` of its own on the same backend value. The holder acquires; the waiter calls `acquire` (wait 30 s) and finds the lease held; the holder releases after a random part of a poll interval. Hand-over: from the holder's `release()` returning to the waiter's `acquire` returning. *Push*: the backend's `released` (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`, on a Redis Cluster too, which passes it to every node; `Etcd` does not implement it and polls, so both of its columns poll); *polling*: the same waiter with the trait's default `released`, which waits the poll interval (ttl/10 = {} here, ±20%), as a backend without push does — the baseline, sampled interleaved with push. One round trip (RTT): the median of the backend's own acquire and release statements sent directly (the overhead section's floor), divided by their number (2; `Etcd`: 4, a grant and a transaction to acquire, a transaction and a revoke to release). Crash: a holder acquires through the backend and never renews nor releases (`PgAdvisory`: its session is terminated); from its expiry (its acquire sent + ttl of {}; `PgAdvisory`: the session's end) to the waiter's `acquire` returning — no server pushes an expiry, so the waiter polls. Required: push p50 ≤ {} RTT on `PgTable`, `PgAdvisory`, `Redis` and `RedisCluster`{}.\n",
+        "One holder and one waiter, each a `Lease` of its own on the same backend value. The holder acquires; the waiter calls `acquire` (wait 30 s) and finds the lease held; the holder releases after a random part of a poll interval. Hand-over: from the holder's `release()` returning to the waiter's `acquire` returning. *Push*: the backend's `released` (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`, on a Redis Cluster too, which passes it to every node; `Etcd`'s watch); *polling*: the same waiter with the trait's default `released`, which waits the poll interval (ttl/10 = {} here, ±20%), as a backend without push does — the baseline, sampled interleaved with push. One round trip (RTT): the median of the backend's own acquire and release statements sent directly (the overhead section's floor), divided by their number (2; `Etcd`: 4, a grant and a transaction to acquire, a transaction and a revoke to release). Crash: a holder acquires through the backend and never renews nor releases (`PgAdvisory`: its session is terminated); from its expiry (its acquire sent + ttl of {}; `PgAdvisory`: the session's end) to the waiter's `acquire` returning — `Etcd`'s watch sees the expiry; elsewhere the waiter polls. Required: push p50 ≤ {} RTT on `PgTable`, `PgAdvisory`, `Redis`, `RedisCluster` and `Etcd`{}.\n",
         ms(poll_interval(first.ttl)),
         ms(first.crash_ttl),
         if quick {

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 
 use lease_bench::{BoxError, Options, run, splice, write_plots};
 
-const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,handover,engine] [--write FILE]";
+const USAGE: &str = "usage: lease-bench [--quick] [--only BACKEND,...] [--sections rt,overhead,contention,scale,handover,check_in,engine] [--write FILE]";
 
 #[tokio::main]
 async fn main() -> Result<ExitCode, BoxError> {

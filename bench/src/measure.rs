@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
-use lease::{Lease, LeaseGuard};
+use leasehold::{Lease, LeaseGuard};
 
 use crate::BoxError;
 use crate::servers::{Count, Counter};
@@ -57,7 +57,7 @@ const REPEATS: usize = 3;
 
 /// Count the requests of `op`, run `n` times, per run. `op` gets the
 /// repetition and the index of the run.
-async fn per_op<F, Fut>(
+pub(crate) async fn per_op<F, Fut>(
     counter: &mut Counter,
     details: &mut Vec<(&'static str, Count, usize)>,
     phase: &'static str,
@@ -195,7 +195,7 @@ pub(crate) async fn round_trips(
         let (lease, wl_name) = (&lease, &wl_name);
         async move {
             match lease.with_lease(wl_name, TTL, |_| async {}).await {
-                lease::Outcome::Ran(()) => Ok(()),
+                leasehold::Outcome::Ran(()) => Ok(()),
                 other => Err(format!("with_lease did not run: {other:?}").into()),
             }
         }
@@ -276,10 +276,8 @@ async fn advisory_round_trips(
         }
     })
     .await?;
-    // The same acquisitions and releases without the batch, to subtract:
-    // how many of their connections go back to the pool (and send an
-    // `UNLISTEN *`, watched) rather than aside depends on how many are
-    // released at once (`PgAdvisory`, "Spare connections").
+    // The same acquisitions and releases without the batch, to subtract
+    // (with their `UNLISTEN *`s, watched).
     let all = per_op(
         counter,
         d,
@@ -321,7 +319,7 @@ async fn advisory_round_trips(
     .await?;
     rt.with_lease = per_op(counter, d, "with_lease", n, |_, _| async move {
         match lease.with_lease(wl_name, TTL, |_| async {}).await {
-            lease::Outcome::Ran(()) => Ok(()),
+            leasehold::Outcome::Ran(()) => Ok(()),
             other => Err(format!("with_lease did not run: {other:?}").into()),
         }
     })
@@ -363,15 +361,12 @@ pub(crate) struct Overhead {
     pub(crate) with_lease: Stats,
     pub(crate) singleton: Stats,
     pub(crate) sqlx_lock: Option<Stats>,
-    /// `PgAdvisory`: the floor's statements on one connection kept out of
-    /// the pool, as a spare is ([`Target::one_connection_cycle`]).
-    pub(crate) one_connection: Option<Stats>,
     /// Every floor and `with_lease` sample, for the plot of their spread.
     pub(crate) samples: (Vec<Duration>, Vec<Duration>),
 }
 
 /// `#[singleton]` on an empty body, on the `Lease` passed in.
-#[lease::singleton(name = "bench-singleton", ttl = "30s", lease = lease)]
+#[leasehold::singleton(name = "bench-singleton", ttl = "30s", lease = lease)]
 async fn singleton_job(lease: &Lease) {}
 
 /// The same, hand-written with `with_lease`.
@@ -391,7 +386,6 @@ pub(crate) async fn overhead(
     let mut redis_conn = None;
     let advisory = matches!(t, Target::PgAdvisory(..));
     let (mut floor, mut wl, mut sg, mut sq) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let (mut one, mut own) = (Vec::new(), None);
     // Warm up every path.
     for _ in 0..block.max(50) {
         t.floor_cycle(&mut redis_conn, "bench-floor", "bench-floor", TTL)
@@ -400,13 +394,11 @@ pub(crate) async fn overhead(
         singleton_job(&lease).await;
         if advisory {
             t.sqlx_lock_cycle("bench-sqlx-lock").await?;
-            t.one_connection_cycle(&mut own, "bench-one-connection")
-                .await?;
         }
     }
     // One cycle of each variant per step, in an order that rotates, so that
     // a change of load (or a neighbour's burst) hits all of them alike.
-    let variants = if advisory { 5 } else { 3 };
+    let variants = if advisory { 4 } else { 3 };
     for step in 0..rounds * block {
         for k in 0..variants {
             let start = Instant::now();
@@ -428,18 +420,9 @@ pub(crate) async fn overhead(
                     singleton_job(&lease).await;
                     sg.push(start.elapsed());
                 }
-                3 => {
+                _ => {
                     t.sqlx_lock_cycle("bench-sqlx-lock").await?;
                     sq.push(start.elapsed());
-                }
-                _ => {
-                    let ok = t
-                        .one_connection_cycle(&mut own, "bench-one-connection")
-                        .await?;
-                    one.push(start.elapsed());
-                    if !ok {
-                        return Err("the one-connection floor did not acquire".into());
-                    }
                 }
             }
         }
@@ -448,7 +431,7 @@ pub(crate) async fn overhead(
     let ran = lease
         .with_lease("bench-singleton", TTL, |_| async { true })
         .await;
-    if !matches!(ran, lease::Outcome::Ran(true)) {
+    if !matches!(ran, leasehold::Outcome::Ran(true)) {
         return Err(format!("with_lease did not run: {ran:?}").into());
     }
     Ok(Overhead {
@@ -456,7 +439,6 @@ pub(crate) async fn overhead(
         with_lease: Stats::of(&mut wl),
         singleton: Stats::of(&mut sg),
         sqlx_lock: advisory.then(|| Stats::of(&mut sq)),
-        one_connection: advisory.then(|| Stats::of(&mut one)),
         samples: (floor, wl),
     })
 }
@@ -724,7 +706,7 @@ pub(crate) fn cpu_ms() -> f64 {
 /// The engine alone, on the in-memory backend: CPU and wall time to acquire
 /// `n` leases (64 at a time) through one `Lease`, and to release them.
 pub(crate) async fn engine_only(n: usize) -> Result<(f64, f64, f64), BoxError> {
-    let lease = Lease::with_holder(lease::backend::Memory::new(), HOLDER);
+    let lease = Lease::with_holder(leasehold::backend::Memory::new(), HOLDER);
     let names: Vec<String> = (0..n).map(|i| format!("engine-{i}")).collect();
     let (cpu0, t0) = (cpu_ms(), Instant::now());
     let guards: Vec<LeaseGuard> = stream::iter(names.iter())

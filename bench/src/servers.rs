@@ -403,8 +403,8 @@ pub(crate) async fn postgres(server: &PrivateServer) -> Result<(PgPool, Counter)
 /// The lease table in `lease_bench`, without autovacuum (whose transactions
 /// would count in the database's statistics), and the table that the
 /// counter's flushes read.
-pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, BoxError> {
-    let table = lease::backend::PgTable::new(pool.clone());
+pub(crate) async fn pg_table(pool: &PgPool) -> Result<leasehold::backend::PgTable, BoxError> {
+    let table = leasehold::backend::PgTable::new(pool.clone());
     table.ensure_schema().await?;
     for sql in [
         "ALTER TABLE task_leases SET (autovacuum_enabled = false)",
@@ -419,8 +419,8 @@ pub(crate) async fn pg_table(pool: &PgPool) -> Result<lease::backend::PgTable, B
 /// `PgAdvisory::with_fencing` on `lease_fences`, the table created.
 pub(crate) async fn pg_advisory_fenced(
     pool: &PgPool,
-) -> Result<lease::backend::PgAdvisory, BoxError> {
-    let backend = lease::backend::PgAdvisory::new(pool.clone()).with_fencing("lease_fences")?;
+) -> Result<leasehold::backend::PgAdvisory, BoxError> {
+    let backend = leasehold::backend::PgAdvisory::new(pool.clone()).with_fencing("lease_fences")?;
     backend.ensure_schema().await?;
     Ok(backend)
 }
@@ -485,9 +485,9 @@ impl Clusters {
 /// member's `/metrics`.
 pub(crate) async fn etcd(
     cluster: &EtcdCluster,
-) -> Result<(lease::backend::Etcd, Counter), BoxError> {
+) -> Result<(leasehold::backend::Etcd, Counter), BoxError> {
     let endpoints = cluster.endpoints();
-    let etcd = lease::backend::Etcd::connect(&endpoints).await?;
+    let etcd = leasehold::backend::Etcd::connect(&endpoints).await?;
     let members = endpoints
         .iter()
         .map(|e| e.trim_start_matches("http://").to_owned())
@@ -503,14 +503,14 @@ pub(crate) async fn redis_cluster(
     cluster: &RedisCluster,
 ) -> Result<
     (
-        lease::backend::Redis,
+        leasehold::backend::Redis,
         redis::cluster::ClusterClient,
         Counter,
     ),
     BoxError,
 > {
     let nodes = cluster.nodes();
-    let backend = lease::backend::Redis::cluster(&nodes)
+    let backend = leasehold::backend::Redis::cluster(&nodes)
         .await?
         .with_pubsub(redis::Client::open(nodes[0].as_str())?);
     let client = redis::cluster::ClusterClient::new(nodes.clone())?;

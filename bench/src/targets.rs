@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp};
 use futures_util::future::join_all;
-use lease::backend::{Etcd, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
-use lease::{Acquisition, Backend, Error, Grant, Lease};
+use leasehold::backend::{Etcd, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use leasehold::{Acquisition, Backend, Error, Grant, Lease};
 use sqlx::{MySqlPool, PgPool, SqlitePool};
 
 use crate::BoxError;
@@ -94,21 +94,23 @@ const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at
      holder = EXCLUDED.holder, \
      expires_at = EXCLUDED.expires_at, \
      fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
-     AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END \
+     AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END, \
+     value = NULL \
      WHERE l.expires_at <= clock_timestamp() OR l.holder = EXCLUDED.holder \
      RETURNING fence";
-const PG_RELEASE: &str = "WITH released AS (UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch' \
-     WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() \
+const PG_RELEASE: &str = "WITH released AS (UPDATE task_leases SET expires_at = TIMESTAMPTZ 'epoch', \
+     value = NULL WHERE name = $1 AND holder = $2 AND fence = $3 AND expires_at > clock_timestamp() \
      RETURNING name) SELECT pg_notify('lease:task_leases', name) FROM released";
 
 const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fence) VALUES (?, ?, \
      TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), LAST_INSERT_ID(1)) \
-     ON DUPLICATE KEY UPDATE fence = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
+     ON DUPLICATE KEY UPDATE fence = IF(expires_at <= UTC_TIMESTAMP(6) OR holder = ?, \
      LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ? AND fence > 0, fence, fence + 1)), \
-     fence + LAST_INSERT_ID(0)), holder = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), ?, holder), \
-     expires_at = IF((expires_at <= UTC_TIMESTAMP(6) OR holder = ?), \
-     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at)";
-const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = '1970-01-01 00:00:01' \
+     fence + LAST_INSERT_ID(0)), holder = IF(expires_at <= UTC_TIMESTAMP(6) OR holder = ?, ?, holder), \
+     expires_at = IF(expires_at <= UTC_TIMESTAMP(6) OR holder = ?, \
+     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at), \
+     value = IF(holder = ?, NULL, value)";
+const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = FROM_UNIXTIME(1), value = NULL \
      WHERE name = ? AND holder = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)";
 
 macro_rules! now_ms {
@@ -124,41 +126,70 @@ const LITE_ACQUIRE: &str = concat!(
      expires_at = excluded.expires_at, \
      fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > ",
     now_ms!(),
-    " THEN l.fence ELSE l.fence + 1 END WHERE l.expires_at <= ",
+    " THEN l.fence ELSE l.fence + 1 END, value = NULL WHERE l.expires_at <= ",
     now_ms!(),
     " OR l.holder = excluded.holder RETURNING fence"
 );
 const LITE_RELEASE: &str = concat!(
-    "UPDATE task_leases SET expires_at = 0 \
+    "UPDATE task_leases SET expires_at = 0, value = NULL \
      WHERE name = ?1 AND holder = ?2 AND fence = ?3 AND expires_at > ",
     now_ms!()
 );
 
 const REDIS_ACQUIRE: &str = r"
+local slot, last = -1, -1
+if ARGV[3] ~= '0' then
+  if redis.replicate_commands then redis.replicate_commands() end
+  local now = redis.call('TIME')
+  local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  slot = math.floor(ms / tonumber(ARGV[3]))
+  last = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+  if slot <= last then
+    return {2, slot}
+  end
+end
 local value = redis.call('GET', KEYS[1])
+local fence
 if value then
   local sep = string.find(value, ':', 1, true)
-  local fence = sep and tonumber(string.sub(value, 1, sep - 1))
-  if fence and string.sub(value, sep + 1) == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
-    if counter and counter < fence then
-      redis.call('SET', KEYS[2], fence)
-    end
-    return fence
+  fence = sep and tonumber(string.sub(value, 1, sep - 1))
+  if not (fence and string.sub(value, sep + 1) == ARGV[1]) then
+    return {0, redis.call('PTTL', KEYS[1])}
   end
-  return 0
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local counter = tonumber(redis.call('GET', KEYS[2]) or '0')
+  if counter and counter < fence then
+    redis.call('SET', KEYS[2], fence)
+  end
+else
+  fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) ~= 'number' or fence < 1 then
+    return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
+  end
+  redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
 end
-local fence = redis.pcall('INCR', KEYS[2])
-if type(fence) ~= 'number' or fence < 1 then
-  return redis.error_reply('lease: the fence key ' .. KEYS[2] .. ' does not hold a positive integer')
+if ARGV[4] == '1' and slot >= 0 then
+  redis.call('SET', KEYS[3], string.format('%d', slot))
 end
-redis.call('SET', KEYS[1], fence .. ':' .. ARGV[1], 'PX', ARGV[2])
-return fence
+if ARGV[5] == '1' then
+  redis.call('SET', KEYS[4], fence .. ':' .. ARGV[6])
+else
+  redis.call('DEL', KEYS[4])
+end
+return {1, fence, slot, last}
 ";
 const REDIS_RELEASE: &str = r"
+if KEYS[3] then
+  local last = tonumber(redis.call('GET', KEYS[3]) or '-1') or -1
+  if tonumber(ARGV[4]) > last then
+    redis.call('SET', KEYS[3], ARGV[4])
+  end
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local deleted = redis.call('DEL', KEYS[1])
+  if KEYS[2] then
+    redis.call('DEL', KEYS[2])
+  end
   redis.call('PUBLISH', ARGV[2], ARGV[3])
   return deleted
 end
@@ -378,31 +409,13 @@ impl Target {
         }
     }
 
-    /// `PgAdvisory` only: the floor's statements on one connection kept out
-    /// of the pool across cycles (`conn`, taken at the first call), as the
-    /// backend's spare connections are: the floor without the pool's turns.
-    pub(crate) async fn one_connection_cycle(
-        &self,
-        conn: &mut Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
-        name: &str,
-    ) -> Result<bool, BoxError> {
-        let Target::PgAdvisory(b, pool) = self else {
-            return Err("the one-connection floor is a PgAdvisory baseline only".into());
-        };
-        if conn.is_none() {
-            *conn = Some(pool.acquire().await?);
-        }
-        let conn = conn.as_mut().ok_or("no connection")?;
-        advisory_floor(b, conn, name).await
-    }
-
     /// `PgAdvisory` only: sqlx's own `PgAdvisoryLock` try-acquire and release.
     pub(crate) async fn sqlx_lock_cycle(&self, name: &str) -> Result<bool, BoxError> {
         let Target::PgAdvisory(b, pool) = self else {
             return Err("sqlx's PgAdvisoryLock is a PgAdvisory baseline only".into());
         };
-        // The same key as `PgAdvisoryLock::new(name)`, not derived again on
-        // every cycle (a program keeps its lock value).
+        // The key the backend locks, derived on every cycle as the backend
+        // derives it.
         let lock = sqlx::postgres::PgAdvisoryLock::with_key(
             sqlx::postgres::PgAdvisoryLockKey::BigInt(b.lock_key(name)),
         );
@@ -424,8 +437,7 @@ async fn advisory_floor(
     conn: &mut sqlx::PgConnection,
     name: &str,
 ) -> Result<bool, BoxError> {
-    // Derived once per name, as a program would keep it (the backend keeps
-    // its keys too: `PgAdvisory::lock_key`).
+    // Derived on every cycle, as the backend derives it on every acquisition.
     let key = b.lock_key(name);
     let locked = match b.fence_table() {
         None => {
@@ -466,18 +478,33 @@ async fn redis_floor(
     ttl_ms: i64,
 ) -> Result<bool, BoxError> {
     let lock = b.lock_key(name);
-    let fence: i64 = SCRIPTS
+    // No slot to claim ('0'), no value to publish ('0'): the value key is
+    // deleted, as the backend's plain acquire does.
+    let answer: Vec<i64> = SCRIPTS
         .0
         .key(&lock)
         .key(b.fence_key(name))
+        .key(format!("{lock}:slot"))
+        .key(format!("{lock}:value"))
         .arg(holder)
         .arg(ttl_ms)
+        .arg("0")
+        .arg("0")
+        .arg("0")
+        .arg("")
         .invoke_async(conn)
         .await?;
-    // The lock holds `{fence}:{holder}` while this acquisition has it.
+    // {1, fence, ..} when granted; the lock holds `{fence}:{holder}` while
+    // this acquisition has it.
+    let fence = if answer.first() == Some(&1) {
+        answer[1]
+    } else {
+        0
+    };
     let _: i64 = SCRIPTS
         .1
         .key(&lock)
+        .key(format!("{lock}:value"))
         .arg(format!("{fence}:{holder}"))
         .arg(b.release_channel())
         .arg(name)
@@ -557,6 +584,7 @@ async fn my_floor(
         .bind(h)
         .bind(h)
         .bind(ttl_ms)
+        .bind(h)
         .execute(pool)
         .await?;
     // The fence comes back as the last insert id (0: not acquired).

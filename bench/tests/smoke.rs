@@ -43,6 +43,7 @@ async fn quick_mode_runs_and_meets_the_requirements() {
         "RedisCluster",
     ] {
         let server = backend != "SqliteTable";
+        let table = matches!(backend, "PgTable" | "MySqlTable" | "SqliteTable");
         let expected = [
             ("rt", "server requests per floor cycle", server),
             ("rt", "server requests per with_lease", server),
@@ -60,6 +61,12 @@ async fn quick_mode_runs_and_meets_the_requirements() {
                 "handover",
                 "hand-over p50 with push",
                 matches!(backend, "PgTable" | "PgAdvisory" | "Redis" | "RedisCluster"),
+            ),
+            ("check_in", "check_in samples", table),
+            (
+                "check_in",
+                "server statements per check_in",
+                table && server,
             ),
         ];
         for (section, what, wanted) in expected {

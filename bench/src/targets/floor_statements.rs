@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::Duration;
 
-use lease::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
+use leasehold::backend::{MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
@@ -161,15 +161,23 @@ async fn both_now(t: &Target, name: &str) -> (Vec<String>, Vec<String>) {
     (backend, floor)
 }
 
-#[tokio::test]
-async fn the_floor_sends_the_backends_own_statements() {
-    let servers = match Servers::start().await {
-        Ok(servers) => servers,
+/// The private servers, or `None` (the test skips) where they cannot be
+/// started and `LEASE_REQUIRE_SERVICES` is not set.
+async fn servers() -> Option<Servers> {
+    match Servers::start().await {
+        Ok(servers) => Some(servers),
         Err(e) if !lease_tests::services_required() => {
             println!("skipped: {e}");
-            return;
+            None
         }
         Err(e) => panic!("{e}"),
+    }
+}
+
+#[tokio::test]
+async fn the_floor_sends_the_backends_own_statements() {
+    let Some(servers) = servers().await else {
+        return;
     };
     // One connection per pool, opened before anything is captured: a
     // connection opened later would log its set-up statements too.
@@ -265,4 +273,66 @@ async fn the_floor_sends_the_backends_own_statements() {
         differ.is_empty(),
         "the floor's statements are not the backend's (update `bench/src/targets.rs`): {differ:#?}"
     );
+}
+
+/// `LeaseGuard::check_in` sends one statement, in the caller's transaction,
+/// on each table backend: its share lock on the lease row (PostgreSQL,
+/// MariaDB), its no-op write of it (SQLite). The benchmark's `check_in`
+/// section counts it on the servers too (SQLite has none to ask).
+#[tokio::test]
+async fn check_in_sends_one_statement() {
+    let Some(servers) = servers().await else {
+        return;
+    };
+    let (pg_pool, _) = servers::postgres(&servers.postgres).await.expect("pg");
+    let pg_table = servers::pg_table(&pg_pool).await.expect("pg table");
+    let (my_pool, _) = servers::mysql(&servers.mariadb).await.expect("mariadb");
+    let my_table = MySqlTable::new(my_pool);
+    my_table.ensure_schema().await.expect("mariadb table");
+    let sqlite_db = lease_tests::TempDb::new("lease-bench-check-in");
+    let sqlite = SqliteTable::open(sqlite_db.path()).await.expect("sqlite");
+    let targets = [
+        (Target::Pg(pg_table), "FOR SHARE"),
+        (Target::MySql(my_table), "LOCK IN SHARE MODE"),
+        (Target::Sqlite(sqlite), "UPDATE"),
+    ];
+    for (t, lock) in targets {
+        let lease = t.lease("check-in-statements");
+        let guard = lease
+            .try_acquire("check-in-statements", TTL)
+            .await
+            .expect("acquire")
+            .expect("the lease is free");
+        // Once first, not captured: the backend's schema check, the
+        // statement prepared.
+        macro_rules! captured {
+            ($pool:expr) => {{
+                let mut tx = $pool.begin().await.expect("begin");
+                guard.check_in(&mut *tx).await.expect("check_in");
+                let (checked, statements) = capture(guard.check_in(&mut *tx)).await;
+                checked.expect("check_in");
+                tx.rollback().await.expect("rollback");
+                statements
+            }};
+        }
+        let statements = match &t {
+            Target::Pg(b) => captured!(b.pool()),
+            Target::MySql(b) => captured!(b.pool()),
+            Target::Sqlite(b) => captured!(b.pool()),
+            _ => unreachable!("a table backend"),
+        };
+        println!("{}: check_in: {statements:#?}", t.label());
+        assert_eq!(
+            statements.len(),
+            1,
+            "{}: check_in sends one statement: {statements:#?}",
+            t.label()
+        );
+        assert!(
+            statements[0].contains(lock) && statements[0].contains("task_leases"),
+            "{}: check_in's statement: {statements:#?}",
+            t.label()
+        );
+        guard.release().await.expect("release");
+    }
 }
