@@ -176,14 +176,19 @@ pub(crate) async fn an_observer_sees_the_holder_and_the_hand_over<S: Subject>(s:
         .await
         .expect("the second leads");
     let led = Instant::now();
-    // The hand-over is what changed: the fencing token where there is one;
-    // else the holder, but a backend that names sessions may name the same
-    // one: PgAdvisory returns a released lock's connection to the pool, and
-    // `leader-b`'s next attempt may take it, holding through the session
-    // `leader-a` held through (CI saw this once, a timeout here).
+    // The hand-over is what changed: the fencing token where there is one
+    // (with fencing, PgAdvisory's `inspect` can name the new session a
+    // moment before its bump of the fence counter commits: the holder
+    // changes first, the token follows); else the holder, though a backend
+    // that names sessions may name the same one (PgAdvisory returns a
+    // released lock's connection to the pool, and `leader-b`'s next attempt
+    // may take it).
     let handed_over = |o: &Observed| match s.caps() {
         Caps { fencing: true, .. } => o.fencing_token == next.fencing_token(),
-        Caps { leader: Naming::Session, .. } => true,
+        Caps {
+            leader: Naming::Session,
+            ..
+        } => true,
         _ => o.holder != first_holder,
     };
     let saw = timeout(
