@@ -506,8 +506,11 @@ fn injection(
     r.connections += e.count;
     r.replicated.extend(e.replicated);
     // A lock delay (`force-release`) ends with the name granted again to
-    // whoever asks first: the evicted holder too.
-    let anyone = fault.spec().cancels_at_renewal;
+    // whoever asks first: the evicted holder too. So does a lease lost to a
+    // silent connection (`black-hole-conn`): the victim, on a new
+    // connection, contends at the expiry with the others, and may win (CI
+    // once saw the others' first section only after they were let go).
+    let anyone = fault.spec().cancels_at_renewal || fault == Fault::BlackHoleConn;
     landed.takeover = sections
         .iter()
         .filter(|s| s.holder != victim || (anyone && !std::ptr::eq(*s, section)))
