@@ -336,3 +336,66 @@ async fn check_in_sends_one_statement() {
         guard.release().await.expect("release");
     }
 }
+
+/// An acquisition with a schedule slot (and a value) is one request on each
+/// table backend, granted or refused, as a plain acquisition is (DESIGN
+/// §6.2): PostgreSQL one statement; MySQL and SQLite one script, which sqlx
+/// sends (and logs) as one.
+#[tokio::test]
+async fn a_slot_acquisition_is_one_request() {
+    use leasehold::backend::{Acquired, Acquisition, Backend, OncePer, Request};
+    let Some(servers) = servers().await else {
+        return;
+    };
+    let (pg_pool, _) = servers::postgres(&servers.postgres).await.expect("pg");
+    let pg_table = servers::pg_table(&pg_pool).await.expect("pg table");
+    let (my_pool, _) = servers::mysql(&servers.mariadb).await.expect("mariadb");
+    let my_table = MySqlTable::new(my_pool);
+    my_table.ensure_schema().await.expect("mariadb table");
+    let sqlite_db = lease_tests::TempDb::new("lease-bench-slots");
+    let sqlite = SqliteTable::open(sqlite_db.path()).await.expect("sqlite");
+    // The statements of one call, without a new connection's set-up
+    // (sqlx's `PRAGMA ..` on SQLite, `SET sql_mode= ..` on MySQL) should
+    // the pool open one for it.
+    async fn requests<F: Future>(f: F) -> (F::Output, Vec<String>) {
+        let (out, mut statements) = capture(f).await;
+        statements.retain(|s| !s.starts_with("PRAGMA ") && !s.starts_with("SET sql_mode="));
+        (out, statements)
+    }
+    async fn check(b: impl Backend, label: &str) {
+        let name = lease_tests::unique("slot-requests");
+        let hour = OncePer::new(Duration::from_secs(3600));
+        let request = |holder| Request::new(&name, holder, TTL).once_per(hour);
+        // Once first, not captured: the backend's schema check.
+        let slot = match b.acquire_with(request("a")).await.expect("acquire") {
+            Acquired::Granted(grant) => {
+                b.release(Acquisition::new(&name, "a", grant.fencing_token))
+                    .await
+                    .expect("release");
+                grant.slot.expect("a slot")
+            }
+            other => panic!("{label}: {other:?}"),
+        };
+        let next = Request::new(&name, "b", TTL).once_per(hour).value("addr-b");
+        let (answer, statements) = requests(b.acquire_with(next)).await;
+        assert!(
+            matches!(answer.expect("acquire"), Acquired::AlreadyRan { slot: s } if s == slot),
+            "{label}: the slot ran"
+        );
+        assert_eq!(statements.len(), 1, "{label}: a refusal: {statements:#?}");
+        let other = format!("{name}-other");
+        let fresh = Request::new(&other, "b", TTL)
+            .once_per(hour)
+            .value("addr-b");
+        let (answer, statements) = requests(b.acquire_with(fresh)).await;
+        assert!(
+            matches!(answer.expect("acquire"), Acquired::Granted(_)),
+            "{label}: a grant"
+        );
+        assert_eq!(statements.len(), 1, "{label}: a grant: {statements:#?}");
+        println!("{label}: one request: {statements:#?}");
+    }
+    check(pg_table, "PgTable").await;
+    check(my_table, "MySqlTable").await;
+    check(sqlite, "SqliteTable").await;
+}

@@ -291,13 +291,6 @@ struct TableAnswer {
 }
 
 impl TableAnswer {
-    /// Refused by what was read: the slot was recorded, or another holder
-    /// has a live lease (MySQL and SQLite then write nothing).
-    #[cfg(any(feature = "mysql", feature = "sqlite"))]
-    fn refused(&self) -> bool {
-        self.ran() || self.others_left_us.is_some_and(|us| us > 0)
-    }
-
     fn ran(&self) -> bool {
         matches!((self.slot, self.last_slot), (Some(slot), Some(last)) if slot <= last)
     }
@@ -318,6 +311,39 @@ impl TableAnswer {
             },
         })
     }
+}
+
+/// The `acquire_with` script of MySQL or SQLite with the request's values
+/// written in, since a script of several statements cannot take bound
+/// parameters: `:name`, `:holder` and `:value` as `text` makes a literal of
+/// their bytes (of hex digits: nothing in them can end the literal or
+/// start a placeholder), `:ttl`, `:period`, `:slot` and `:retry` as
+/// numbers (a missing period, slot or value as `NULL`).
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn script(
+    template: &str,
+    c: &TableRequest<'_>,
+    slot: Option<i64>,
+    text: impl Fn(&[u8]) -> String,
+) -> String {
+    let number = |n: Option<i64>| n.map_or_else(|| "NULL".to_owned(), |n| n.to_string());
+    let value = c
+        .value
+        .map_or_else(|| "NULL".to_owned(), |v| text(v.as_bytes()));
+    template
+        .replace(":name", &text(c.name.as_bytes()))
+        .replace(":holder", &text(c.holder.as_bytes()))
+        .replace(":value", &value)
+        .replace(":ttl", &c.ttl_ms.to_string())
+        .replace(":period", &number(c.period_ms))
+        .replace(":slot", &number(slot))
+        .replace(":retry", if c.retry_failed { "1" } else { "0" })
+}
+
+/// `bytes` as hex digits.
+#[cfg(any(feature = "mysql", feature = "sqlite"))]
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A change of one row, each one statement of the dialect.
@@ -358,11 +384,10 @@ struct Templates {
     acquire: &'static str,
     /// An acquisition with a slot or a value (it needs both columns):
     /// PostgreSQL's reads, decides and answers in one statement; MySQL's
-    /// and SQLite's decide again what `probe` read. MySQL's updates the
-    /// row, and `acquire_new` inserts it when `probe` found none.
+    /// and SQLite's are a script of three (a read, the statement that
+    /// decides, a read of what it did) sent as one request, with the values
+    /// written in ([`script`]).
     acquire_with: &'static str,
-    probe: &'static str,
-    acquire_new: &'static str,
     release: &'static str,
     release_ran: &'static str,
     publish: &'static str,
@@ -442,10 +467,6 @@ fn fill(template: &str, table: &str, layout: &Layout) -> Arc<str> {
 struct Statements {
     acquire: Arc<str>,
     acquire_with: Arc<str>,
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-    probe: Arc<str>,
-    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
-    acquire_new: Arc<str>,
     release: Arc<str>,
     release_ran: Arc<str>,
     publish: Arc<str>,
@@ -475,8 +496,6 @@ impl Statements {
         Self {
             acquire: fill(templates.acquire),
             acquire_with: fill(templates.acquire_with),
-            probe: fill(templates.probe),
-            acquire_new: fill(templates.acquire_new),
             release: fill(templates.release),
             release_ran: fill(templates.release_ran),
             publish: fill(templates.publish),
@@ -748,11 +767,11 @@ impl<D: Dialect> Backend for Table<D> {
             .transpose()
     }
 
-    /// One statement on PostgreSQL. MySQL and SQLite read first (MySQL has
-    /// no `RETURNING`, SQLite's returns nothing when it refuses): a refusal
-    /// is that read; a grant one more statement, which decides again.
+    /// One request: one statement on PostgreSQL; on MySQL and SQLite a
+    /// script of three sent at once (MySQL has no `RETURNING`, SQLite's
+    /// returns nothing when it refuses), of which one statement decides.
     /// Without a slot or a value, [`acquire`](Backend::acquire). The slot
-    /// is by the server's clock (SQLite: the host's, read in SQL);
+    /// is by the server's clock (SQLite: the host's);
     /// [`Error::Schema`] on a table without `last_slot` and `value`.
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
         let Request {

@@ -8,8 +8,8 @@ use sqlx::{AssertSqlSafe, MySql};
 
 use super::{
     Column, Dialect, LIST_SIZES, Layout, OptionalColumns, Ready, RowChange, Shape, Table,
-    TableAnswer, TableRenewal, TableRequest, Templates, explain, lease_info, list_size, refused,
-    sealed, shape, step_us, zoneless_in_shared,
+    TableAnswer, TableRenewal, TableRequest, Templates, explain, hex, lease_info, list_size,
+    refused, script, sealed, shape, step_us, zoneless_in_shared,
 };
 use crate::{Error, LeaseInfo};
 
@@ -70,33 +70,42 @@ const MYSQL_SQL: Templates = Templates {
               holder = IF(expires_at <= {cutoff} OR holder = ?, ?, holder), \
               expires_at = IF(expires_at <= {cutoff} OR holder = ?, \
               TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}), expires_at){clear_value_of_ours}",
-    // An acquisition with a slot or a value is a read (`probe`), and when
-    // that found the name free for it, this UPDATE of the row (or, when the
-    // read found none, the INSERT of `acquire_new`), which decides again on
-    // the row as it is once locked: no RETURNING in MySQL, and its OK
-    // packet has room for the fence (the last insert id) only, so the slot
-    // comes from the read. A grant is the one row matched. The fence is
-    // assigned first, from the row as it was; `last_slot` is kept when the
-    // slot is not recorded now (retry_failed, or no slot).
-    acquire_with: "UPDATE {table} SET fence = LAST_INSERT_ID(\
-                   IF(expires_at > {cutoff} AND holder = ? AND fence > 0, fence, fence + 1)), \
-                   holder = ?, expires_at = TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}), \
-                   value = ?, last_slot = COALESCE(IF(?, NULL, ?), last_slot) \
-                   WHERE name = ? AND (expires_at <= {cutoff} OR holder = ?) \
-                   AND COALESCE(last_slot < ?, TRUE)",
-    // The slot by the server's clock in UTC (UNIX_TIMESTAMP would convert
-    // from the session's time zone), the slot recorded, another holder's
-    // microseconds left, and whether there is a row.
-    probe: "SELECT s.slot, CAST(l.last_slot AS SIGNED), \
-            IF(l.holder <> ?, TIMESTAMPDIFF(MICROSECOND, {cutoff}, l.expires_at), NULL), \
-            CAST(l.name IS NOT NULL AS SIGNED) \
-            FROM (SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) \
-            DIV (? * 1000) AS slot) AS s \
-            LEFT JOIN {table} AS l ON l.name = ?",
-    // A duplicate key: another acquisition inserted the row meanwhile.
-    acquire_new: "INSERT INTO {table} (name, holder, expires_at, fence, last_slot, value) \
-                  VALUES (?, ?, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}), 1, \
-                  IF(?, NULL, ?), ?)",
+    // An acquisition with a slot or a value: one request, a script of three
+    // statements, with its values written in (`:name` ..., see
+    // `MySqlTable::acquire_with`): MySQL has no RETURNING, and an OK packet
+    // carries one number (the last insert id).
+    // 1. The slot by the server's clock in UTC (UNIX_TIMESTAMP would
+    //    convert from the session's time zone), in a session variable, and
+    //    the slot recorded before, for the log of missed slots.
+    // 2. The decision, as in `acquire`, with the slot's condition (a slot
+    //    at or below the recorded one is refused): the fence, or 0 when
+    //    refused, becomes the last insert id. `last_slot` is assigned last,
+    //    and kept when the slot is not recorded now (retry_failed, or no
+    //    slot); `value` after `holder` and `expires_at`, when the condition
+    //    reads as it did (our holder, a live expiry).
+    // 3. What it did: the last insert id, the slot, the slot recorded
+    //    before; for a refusal the row as it is now (a recorded slot never
+    //    goes back: if it is at or above ours, our slot has run).
+    acquire_with: "SET @leasehold_slot = TIMESTAMPDIFF(MICROSECOND, '1970-01-01', \
+                   UTC_TIMESTAMP(6)) DIV (:period * 1000), @leasehold_last = \
+                   (SELECT CAST(last_slot AS SIGNED) FROM {table} WHERE name = :name); \
+                   INSERT INTO {table} (name, holder, expires_at, fence, last_slot, value) \
+                   VALUES (:name, :holder, TIMESTAMPADD(MICROSECOND, :ttl * 1000{pad}, {now}), \
+                   LAST_INSERT_ID(1), IF(:retry, NULL, @leasehold_slot), :value) \
+                   ON DUPLICATE KEY UPDATE \
+                   fence = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), LAST_INSERT_ID(\
+                   IF(expires_at > {cutoff} AND holder = :holder AND fence > 0, fence, fence + 1)), \
+                   fence + LAST_INSERT_ID(0)), \
+                   holder = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), :holder, holder), \
+                   expires_at = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), \
+                   TIMESTAMPADD(MICROSECOND, :ttl * 1000{pad}, {now}), expires_at), \
+                   value = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), :value, value), \
+                   last_slot = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), \
+                   COALESCE(IF(:retry, NULL, @leasehold_slot), last_slot), last_slot); \
+                   SELECT CAST(LAST_INSERT_ID() AS SIGNED), CAST(@leasehold_slot AS SIGNED), \
+                   CAST(@leasehold_last AS SIGNED), CAST(l.last_slot AS SIGNED), \
+                   IF(l.holder <> :holder, TIMESTAMPDIFF(MICROSECOND, {cutoff}, l.expires_at), NULL) \
+                   FROM (SELECT 1) AS d LEFT JOIN {table} AS l ON l.name = :name",
     // `{now}` is the statement's start: a renewal sent before the release
     // and blocked on its row lock would still see an expiry of "the
     // release's now" as live. At the epoch (1970-01-01 00:00:01 UTC, the
@@ -346,67 +355,28 @@ impl sealed::SqlDialect for MySqlDialect {
         })
     }
 
-    /// The read, and when it found the name free for this claim the UPDATE
-    /// (or INSERT) that decides.
+    /// One request: the script `acquire_with`, with this request's values
+    /// written in (binary strings as hex literals, numbers).
     async fn acquire_with(
         t: &Ready<'_, Self>,
         c: &TableRequest<'_>,
     ) -> Result<TableAnswer, sqlx::Error> {
-        let (name, holder) = (c.name.as_bytes(), c.holder.as_bytes());
-        let probe = sqlx::query_as(AssertSqlSafe(t.sql.probe.clone()))
-            .bind(holder)
-            .bind(c.period_ms)
-            .bind(name);
-        let (slot, last_slot, others_left_us, row): (_, _, _, i64) =
-            probe.fetch_one(t.pool).await?;
-        let read = TableAnswer {
-            fence: None,
+        let script = script(&t.sql.acquire_with, c, None, |bytes| {
+            format!("X'{}'", hex(bytes))
+        });
+        let rows = sqlx::raw_sql(AssertSqlSafe(script))
+            .fetch_all(t.pool)
+            .await?;
+        let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
+        let (fence, slot, before, after, others_left_us): (i64, _, _, _, _) =
+            sqlx::FromRow::from_row(row)?;
+        let fence = (fence > 0).then_some(fence);
+        Ok(TableAnswer {
+            fence,
             slot,
-            last_slot,
+            last_slot: if fence.is_some() { before } else { after },
             others_left_us,
-        };
-        if read.refused() {
-            return Ok(read);
-        }
-        let value = c.value.map(str::as_bytes);
-        let fence = if row == 0 {
-            let insert = sqlx::query(AssertSqlSafe(t.sql.acquire_new.clone()))
-                .bind(name)
-                .bind(holder)
-                .bind(c.ttl_ms)
-                .bind(c.retry_failed)
-                .bind(slot)
-                .bind(value);
-            match insert.execute(t.pool).await {
-                Ok(_) => Some(1),
-                Err(e)
-                    if e.as_database_error()
-                        .is_some_and(|e| e.is_unique_violation()) =>
-                {
-                    None
-                }
-                Err(e) => return Err(e),
-            }
-        } else {
-            let update = sqlx::query(AssertSqlSafe(t.sql.acquire_with.clone()))
-                // fence = .. IF(ours and live, ..)
-                .bind(holder)
-                // holder, expires_at, value, last_slot
-                .bind(holder)
-                .bind(c.ttl_ms)
-                .bind(value)
-                .bind(c.retry_failed)
-                .bind(slot)
-                // WHERE name, acquirable, slot not recorded
-                .bind(name)
-                .bind(holder)
-                .bind(slot);
-            let done = update.execute(t.pool).await?;
-            // -1: no fence, which the caller reports.
-            let fence = i64::try_from(done.last_insert_id()).unwrap_or(-1);
-            (done.rows_affected() == 1).then_some(fence)
-        };
-        Ok(TableAnswer { fence, ..read })
+        })
     }
 
     /// One `UPDATE`, and a `SELECT` of the live leases when some, not all,

@@ -90,8 +90,6 @@ const PG_SQL: Templates = Templates {
                    RETURNING fence::int8) \
                    SELECT g.fence, c.slot, p.last_slot, CASE WHEN p.holder <> $2 THEN p.left_us END \
                    FROM c LEFT JOIN p ON true LEFT JOIN g ON true",
-    probe: "",
-    acquire_new: "",
     // A released row expires at the epoch, not at "now": it is then expired
     // for every statement, whatever instant that statement takes as its
     // "now". In the same statement, a row released notifies the table's

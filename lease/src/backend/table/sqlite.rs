@@ -3,14 +3,15 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::{
     Column, Dialect, LIST_SIZES, Layout, Ready, RowChange, Table, TableAnswer, TableRenewal,
-    TableRequest, Templates, explain, lease_info, list_size, renewed_of, sealed, shape,
+    TableRequest, Templates, explain, hex, lease_info, list_size, renewed_of, script, sealed,
+    shape,
 };
 use crate::{Error, LeaseInfo};
 
@@ -52,26 +53,30 @@ const SQLITE_SQL: Templates = Templates {
               fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
               THEN l.fence ELSE l.fence + 1 END{clear_value} \
               WHERE l.expires_at <= {now} OR l.holder = excluded.holder RETURNING fence",
-    // An acquisition with a slot or a value is a read (`probe`), and when
-    // that found the name free for it, this statement, which decides again
-    // (a refused upsert returns nothing, so the read says why). ?4: the
-    // slot read, ?5: retry_failed (the slot is not recorded now), ?6: the
-    // value.
-    acquire_with: "INSERT INTO {table} AS l (name, holder, expires_at, fence, last_slot, value) \
-                   VALUES (?1, ?2, {now} + ?3, 1, CASE WHEN ?5 THEN NULL ELSE ?4 END, ?6) \
+    // An acquisition with a slot or a value: one call, a script of three
+    // statements with its values written in (`:name` ..., see
+    // `SqliteTable::acquire_with`), each row tagged: (0) the slot recorded
+    // before, for the log of missed slots; (1) the upsert that decides, as
+    // `acquire` does with the slot's condition added (a slot at or below
+    // the recorded one is refused), returning the fence when it grants (a
+    // refusal returns nothing); (2) the row as it is then, which says why
+    // it refused (a recorded slot never goes back). The slot (`:slot`) is
+    // computed once, by the caller: SQLite's clock is the host's, and the
+    // three statements must agree on it.
+    acquire_with: "SELECT 0, last_slot, NULL FROM {table} WHERE name = :name; \
+                   INSERT INTO {table} AS l (name, holder, expires_at, fence, last_slot, value) \
+                   VALUES (:name, :holder, {now} + :ttl, 1, \
+                   CASE WHEN :retry THEN NULL ELSE :slot END, :value) \
                    ON CONFLICT (name) DO UPDATE SET \
                    holder = excluded.holder, expires_at = excluded.expires_at, \
                    fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
                    THEN l.fence ELSE l.fence + 1 END, \
                    last_slot = coalesce(excluded.last_slot, l.last_slot), value = excluded.value \
                    WHERE (l.expires_at <= {now} OR l.holder = excluded.holder) \
-                   AND coalesce(l.last_slot < ?4, 1) RETURNING fence",
-    // ?1: the period in ms, ?2: the name, ?3: the holder. The slot by the
-    // host's clock, the slot recorded, another holder's microseconds left.
-    probe: "SELECT s.slot, l.last_slot, \
-            CASE WHEN l.holder <> ?3 THEN (l.expires_at - {now}) * 1000 END \
-            FROM (SELECT {now} / ?1 AS slot) AS s LEFT JOIN {table} AS l ON l.name = ?2",
-    acquire_new: "",
+                   AND coalesce(l.last_slot < :slot, 1) RETURNING 1, fence, NULL; \
+                   SELECT 2, last_slot, \
+                   CASE WHEN holder <> :holder THEN (expires_at - {now}) * 1000 END \
+                   FROM {table} WHERE name = :name",
     // A released row expires at the epoch, not at "now": expired for every
     // statement, whatever instant it takes as its "now".
     release: "UPDATE {table} SET expires_at = 0{clear_value} \
@@ -162,7 +167,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Examples
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// use leasehold::{Acquisition, Backend, backend::SqliteTable};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), leasehold::Error> {
@@ -325,36 +330,41 @@ impl sealed::SqlDialect for SqliteDialect {
             .await
     }
 
-    /// The read, and when it found the name free for this claim the upsert
-    /// that decides.
+    /// One call: the script `acquire_with`, with this request's values
+    /// written in (text as hex literals cast to text, numbers), and the
+    /// slot by the host's clock.
     async fn acquire_with(
         t: &Ready<'_, Self>,
         c: &TableRequest<'_>,
     ) -> Result<TableAnswer, sqlx::Error> {
-        let probe = sqlx::query_as(AssertSqlSafe(t.sql.probe.clone()))
-            .bind(c.period_ms)
-            .bind(c.name)
-            .bind(c.holder);
-        let (slot, last_slot, others_left_us) = probe.fetch_one(t.pool).await?;
-        let read = TableAnswer {
-            fence: None,
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let slot = c.period_ms.map(|period| now_ms / period);
+        let text = |bytes: &[u8]| format!("CAST(X'{}' AS TEXT)", hex(bytes));
+        let script = script(&t.sql.acquire_with, c, slot, text);
+        let mut answer = TableAnswer {
             slot,
-            last_slot,
-            others_left_us,
+            ..TableAnswer::default()
         };
-        if read.refused() {
-            return Ok(read);
+        let (mut before, mut after) = (None, None);
+        for row in sqlx::raw_sql(AssertSqlSafe(script))
+            .fetch_all(t.pool)
+            .await?
+        {
+            let (tag, a, b): (i64, Option<i64>, Option<i64>) = sqlx::FromRow::from_row(&row)?;
+            match tag {
+                0 => before = a,
+                1 => answer.fence = a,
+                _ => (after, answer.others_left_us) = (a, b),
+            }
         }
-        let fence = sqlx::query_scalar(AssertSqlSafe(t.sql.acquire_with.clone()))
-            .bind(c.name)
-            .bind(c.holder)
-            .bind(c.ttl_ms)
-            .bind(slot)
-            .bind(c.retry_failed)
-            .bind(c.value)
-            .fetch_optional(t.pool)
-            .await?;
-        Ok(TableAnswer { fence, ..read })
+        answer.last_slot = if answer.fence.is_some() {
+            before
+        } else {
+            after
+        };
+        Ok(answer)
     }
 
     /// `(name, ttl, fence)` triples, padded, then the holder.
