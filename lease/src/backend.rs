@@ -617,6 +617,17 @@ impl OncePer {
     }
 }
 
+/// The millisecond of the Unix epoch now, by this process's clock: the
+/// clock of the schedule slots where the backend has none of its own
+/// (`Etcd`) or its own is this host's (`SqliteTable`).
+#[cfg(any(feature = "etcd", feature = "sqlite"))]
+fn clock_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// What [`Backend::acquire_with`] answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
@@ -36,7 +36,7 @@ use etcd_client::{
 use futures_util::{StreamExt, TryStreamExt};
 
 use crate::backend::push::Push;
-use crate::backend::{Acquired, Request};
+use crate::backend::{Acquired, Request, clock_ms};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
 mod watch;
@@ -857,14 +857,6 @@ fn gets(response: TxnResponse) -> Vec<Vec<KeyValue>> {
         _ => None,
     })
     .collect()
-}
-
-/// The millisecond of the Unix epoch now, by this process's clock.
-fn clock_ms() -> u64 {
-    let since = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Backend for Etcd {

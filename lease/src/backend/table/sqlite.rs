@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Sqlite};
@@ -337,9 +337,7 @@ impl sealed::SqlDialect for SqliteDialect {
         t: &Ready<'_, Self>,
         c: &TableRequest<'_>,
     ) -> Result<TableAnswer, sqlx::Error> {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let now_ms = i64::try_from(crate::backend::clock_ms()).unwrap_or(i64::MAX);
         let slot = c.period_ms.map(|period| now_ms / period);
         let text = |bytes: &[u8]| format!("CAST(X'{}' AS TEXT)", hex(bytes));
         let script = script(&t.sql.acquire_with, c, slot, text);
