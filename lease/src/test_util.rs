@@ -30,7 +30,19 @@ impl Write for Logs {
 /// A `fmt` subscriber (every level, no colours) writing into a buffer,
 /// installed for this thread until the guard is dropped. Tasks of a
 /// current-thread runtime log into it too.
+///
+/// tracing decides once per call site, for the whole process, whether the
+/// site is enabled, by the subscriber of the thread that reaches it first.
+/// A test running beside this one without a subscriber would switch a
+/// call site off for every thread (CI saw `once_per_runs_a_slot_once..`
+/// capture no "has run already" line), so a global subscriber that enables
+/// everything and writes nowhere is installed first: every thread has one.
 pub(crate) fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
+    static EVERYTHING_ENABLED: std::sync::Once = std::sync::Once::new();
+    EVERYTHING_ENABLED.call_once(|| {
+        // Fails only if another global subscriber is set: then that one is it.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
     let logs = Logs::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -39,4 +51,24 @@ pub(crate) fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
         .with_writer(move || writer.clone())
         .finish();
     (logs, tracing::subscriber::set_default(subscriber))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::capture_logs;
+
+    fn probe() {
+        tracing::debug!("the probe's line");
+    }
+
+    /// A call site first reached by a thread without a subscriber of its own
+    /// still logs into a capture made afterwards (without the global
+    /// subscriber, tracing had switched it off for the whole process).
+    #[test]
+    fn a_call_site_first_reached_elsewhere_is_still_captured() {
+        let (logs, _guard) = capture_logs();
+        std::thread::spawn(probe).join().unwrap();
+        probe();
+        assert!(logs.text().contains("the probe's line"), "{}", logs.text());
+    }
 }

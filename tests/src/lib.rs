@@ -312,6 +312,20 @@ pub fn single_test(args: &[String], name: &str, test: fn()) {
     );
 }
 
+/// Install, once per process, a global subscriber that enables every call
+/// site and writes nowhere; call it before a test installs a thread-local
+/// subscriber (`set_default`) whose events it asserts on. tracing decides
+/// once per call site, for the whole process, by the subscriber of the
+/// thread that reaches the site first: a test running beside it without a
+/// subscriber would otherwise switch the site off for every thread.
+pub fn enable_every_call_site() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // Fails only if a global subscriber is set already: then that one is it.
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
+}
+
 /// Send `tracing` output to the test's captured output (`RUST_LOG` filters it,
 /// default `warn`). Safe to call from every test.
 pub fn init_tracing() {

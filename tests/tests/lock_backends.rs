@@ -1878,6 +1878,7 @@ async fn redis_client_kill_does_not_lose_the_lease() {
     };
     let mut admin = admin_pool.get().await.expect("connection");
     let failures = Failures::default();
+    lease_tests::enable_every_call_site();
     let _subscriber =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(failures.clone()));
 

@@ -32,6 +32,7 @@ impl Write for Logs {
 impl Logs {
     /// Every level, no colours: each line reads `<time> <LEVEL> <target>: <message> <fields>`.
     fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        lease_tests::enable_every_call_site();
         let logs = Logs::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()
