@@ -45,7 +45,7 @@
 //!
 //! What only one backend or server does (SQLite's busy handling, MySQL's
 //! lock wait timeouts, rows as stored) is checked in `sql_backends.rs` and
-//! `lock_backends.rs`.
+//! `lock_backends/`.
 
 // The properties are test code called by the generated `#[tokio::test]`s,
 // which `allow-unwrap-in-tests` (clippy.toml) does not see as tests.

@@ -4,7 +4,7 @@
 //! (which it refuses with `CROSSSLOT`). The conformance suite runs on the
 //! same kind of cluster (`conformance.rs`, `redis_cluster::*`); the
 //! `CROSSSLOT` fallback for a client that does not know it talks to a
-//! cluster is checked in `lock_backends.rs`.
+//! cluster is checked in `lock_backends/redis_backend.rs`.
 
 #![allow(clippy::unwrap_used)]
 
