@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use leasehold::LeaseGuard;
 
 mod pg_advisory;
+mod pg_fencing;
+mod pg_runtimes;
 mod redis_backend;
 
 /// Slack added to every "within" bound.
