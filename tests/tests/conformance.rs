@@ -44,7 +44,7 @@
 //! share and the matrix.
 //!
 //! What only one backend or server does (SQLite's busy handling, MySQL's
-//! lock wait timeouts, rows as stored) is checked in `sql_backends.rs` and
+//! lock wait timeouts, rows as stored) is checked in `sql_backends/` and
 //! `lock_backends/`.
 
 // The properties are test code called by the generated `#[tokio::test]`s,

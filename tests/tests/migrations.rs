@@ -5,7 +5,7 @@
 //! tells users to run: a table `ensure_schema` creates has the columns of a
 //! table the files made, one after the other. (That the `ALTER TABLE`s an
 //! `Error::Schema` names are the lines of the files is checked in
-//! `sql_backends.rs`.) The files lie outside the `leasehold` package, so
+//! `sql_backends/`.) The files lie outside the `leasehold` package, so
 //! this check lives in the repository's harness, not in the crate. No
 //! server is needed: the pools are lazy and never connect.
 

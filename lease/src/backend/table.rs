@@ -1243,7 +1243,7 @@ mod tests {
     /// `schema()`, `fence_migration()` and the fixes of a table without
     /// `last_slot` and `value` are the migrations on the table (that they
     /// are the files in `migrations/` is checked by
-    /// `tests/tests/migrations.rs` and `sql_backends.rs`: the package holds
+    /// `tests/tests/migrations.rs` and `sql_backends/`: the package holds
     /// no file outside it).
     #[test]
     fn migrations_name_the_table_once() {
