@@ -39,7 +39,10 @@ use crate::backend::push::Push;
 use crate::backend::{Acquired, Request, clock_ms};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
+mod keys;
 mod watch;
+
+use keys::{EtcdKey, NameKeys, SLOT, SLOTS_END, VALUE};
 use watch::{HolderWatch, KeyWatch};
 
 /// Leases as etcd keys attached to etcd leases, with the key's
@@ -785,70 +788,6 @@ fn positive(revision: i64) -> Result<u64, Error> {
         .ok_or_else(|| Error::Protocol(format!("etcd answered the revision {revision}")))
 }
 
-/// The byte after a lease name in the keys beside its lease key: UTF-8
-/// never uses it, so no lease name's key is one of them.
-const BESIDE: u8 = 0xff;
-/// After the name: the value published with the lease.
-const VALUE: &[u8] = b"\xffvalue";
-/// After the name: the ledger, one key per slot recorded (20 digits, so
-/// that keys sort as slots do; usually one, the last).
-const SLOT: &[u8] = b"\xffslot/";
-/// After the name: the end of the ledger's range (`SLOT`, its `/` raised).
-const SLOTS_END: &[u8] = b"\xffslot0";
-
-/// Which of a lease name's keys an etcd key is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum EtcdKey {
-    /// The lease key, `{prefix}{name}`.
-    Lease,
-    /// The value published with the lease.
-    Value,
-    /// A slot recorded in the ledger.
-    Slot(u64),
-}
-
-impl EtcdKey {
-    /// The name and the kind of a key without its prefix; `None` for a key
-    /// that is none of a lease name's.
-    pub(super) fn split(rest: &[u8]) -> Option<(&[u8], EtcdKey)> {
-        let Some(at) = rest.iter().position(|&b| b == BESIDE) else {
-            return Some((rest, EtcdKey::Lease));
-        };
-        let (name, beside) = rest.split_at(at);
-        let kind = if beside == VALUE {
-            EtcdKey::Value
-        } else {
-            let digits = beside.strip_prefix(SLOT)?;
-            EtcdKey::Slot(std::str::from_utf8(digits).ok()?.parse().ok()?)
-        };
-        Some((name, kind))
-    }
-}
-
-/// The keys of one lease name, as read.
-#[derive(Default)]
-struct NameKeys {
-    lease: Option<KeyValue>,
-    value: Option<String>,
-    slot: Option<u64>,
-}
-
-impl NameKeys {
-    /// Whether there is anything to report: a lease key or a ledger (a
-    /// value alone is a leftover of a key deleted by hand).
-    fn any(&self) -> bool {
-        self.lease.is_some() || self.slot.is_some()
-    }
-
-    fn add(&mut self, kind: EtcdKey, kv: KeyValue) {
-        match kind {
-            EtcdKey::Lease => self.lease = Some(kv),
-            EtcdKey::Value => self.value = Some(String::from_utf8_lossy(kv.value()).into_owned()),
-            EtcdKey::Slot(slot) => self.slot = self.slot.max(Some(slot)),
-        }
-    }
-}
-
 /// The keys each get of a transaction's answer found, in order.
 fn gets(response: TxnResponse) -> Vec<Vec<KeyValue>> {
     let gets = response.op_responses().into_iter();
@@ -1088,48 +1027,4 @@ impl Backend for Etcd {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const OURS: KeySeen = KeySeen {
-        create_revision: 40,
-        lease: 7,
-        holder_matches: true,
-    };
-
-    #[test]
-    fn a_renewal_that_does_not_find_its_key_is_lost() {
-        assert!(verdict(true, Some(OURS), 40, 7));
-        assert!(!verdict(true, None, 40, 7), "no key");
-        assert!(!verdict(true, Some(OURS), 41, 7), "another acquisition");
-        assert!(!verdict(true, Some(OURS), 40, 8), "another etcd lease");
-        let other_holder = KeySeen {
-            holder_matches: false,
-            ..OURS
-        };
-        assert!(!verdict(true, Some(other_holder), 40, 7));
-        assert!(!verdict(false, Some(OURS), 40, 7), "the etcd lease is gone");
-    }
-
-    #[test]
-    fn the_keys_beside_a_lease_are_no_lease_names() {
-        let split = |key: &'static [u8]| EtcdKey::split(key);
-        assert_eq!(split(b"a/job"), Some((&b"a/job"[..], EtcdKey::Lease)));
-        assert_eq!(split(b"job\xffvalue"), Some((&b"job"[..], EtcdKey::Value)));
-        let slot = split(b"job\xffslot/00000000000000000042");
-        assert_eq!(slot, Some((&b"job"[..], EtcdKey::Slot(42))));
-        assert_eq!(split(b"job\xffother"), None, "not this backend's");
-        assert_eq!(split(b"job\xffslot/x"), None);
-        // Ledger keys sort as their slots do.
-        let key = |slot: u64| format!("{slot:020}");
-        assert!(key(9) < key(10) && key(10) < key(u64::MAX));
-    }
-
-    #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(10)), 1);
-        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(1_000)), 1);
-        assert_eq!(Etcd::lease_ttl_secs(Duration::from_millis(1_001)), 2);
-        assert_eq!(Etcd::lease_ttl_secs(Duration::from_secs(86_400)), 86_400);
-    }
-}
+mod tests;
