@@ -52,7 +52,7 @@ mod scheduler;
 pub(crate) mod timing;
 
 pub(crate) use crate::backend::MAX_BATCH;
-use scheduler::{Scheduler, Watch};
+use scheduler::Scheduler;
 use timing::{Deadline, Stamp, acquire_timeout, release_timeout, renew_period};
 
 /// What a job may set about its acquisition and how its lease ends
@@ -301,9 +301,6 @@ struct Names {
     /// by each plan): a new lease due no earlier needs no wake-up call, so
     /// acquiring thousands of leases does not re-plan thousands of times.
     planned: Option<Instant>,
-    /// Calls whose time limit the scheduler keeps, by id (see [`Engine::watch`]).
-    watches: HashMap<u64, Watch>,
-    next_watch: u64,
     /// Acquisitions in flight ([`Engine::acquire`]), which `shut_down`
     /// waits for, and when the last of them ends by its time limits (the
     /// acquire's, then the release of a grant that came after a shutdown
@@ -921,8 +918,8 @@ impl Engine {
         }
     }
 
-    /// Ask the backend to release `entry`, within the release time limit
-    /// (kept by the scheduler's timer while it runs); log the outcome.
+    /// Ask the backend to release `entry`, within the release time limit;
+    /// log the outcome.
     async fn send_release(self: &Arc<Self>, entry: &Entry) -> Result<(), Error> {
         let limit = release_timeout(entry.ttl);
         let timed_out = || {
@@ -943,16 +940,7 @@ impl Engine {
             _ => self.backend.release(lease),
         };
         let started = std::time::Instant::now();
-        let result = match self.watch(Instant::now() + limit) {
-            Some(watch) => {
-                tokio::select! {
-                    biased;
-                    r = call => r,
-                    () = watch.expired() => timed_out(),
-                }
-            }
-            None => timeout(limit, call).await.unwrap_or_else(|_| timed_out()),
-        };
+        let result = timeout(limit, call).await.unwrap_or_else(|_| timed_out());
         crate::metrics::backend_seconds("release", started.elapsed());
         match &result {
             Ok(()) => {

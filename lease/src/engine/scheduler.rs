@@ -1,20 +1,18 @@
-//! The renewal task of one engine ([`Scheduler`]), and the call time limits
-//! it keeps for releases ([`Engine::watch`]).
+//! The renewal task of one engine ([`Scheduler`]).
 //!
 //! The scheduler runs while the engine holds at least one live lease, and
-//! exits a while ([`IDLE_LINGER`]) after none is left (a new one starts it again)
-//! and no call's time limit is left for it to keep. Each turn it looks at
-//! every held lease ([`Scheduler::plan`]): it cancels the tokens of leases
-//! past their deadline, hands leases whose `min_hold` is over to the release
-//! path, sends the renewals that are due ([`batches`], [`send`]), and sleeps
-//! until the next thing is due, a renewal answers, or it is woken.
+//! exits a while ([`IDLE_LINGER`]) after none is left (a new one starts it
+//! again). Each turn it looks at every held lease ([`Scheduler::plan`]): it
+//! cancels the tokens of leases past their deadline, hands leases whose
+//! `min_hold` is over to the release path, sends the renewals that are due
+//! ([`batches`], [`send`]), and sleeps until the next thing is due, a
+//! renewal answers, or it is woken.
 //!
 //! A release does not wake it: it notices at its next planned wake-up, which
 //! saves a cross-thread wake-up per release.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -22,80 +20,11 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use super::timing::{Stamp, renew_period, renew_timeout, renew_window, retry_delay};
 use super::{Engine, Entry, LeaseState, Loss, MAX_BATCH, Names, Slot};
-use crate::drop_guard::DropGuard;
 use crate::{Acquisition, Error};
 
 /// How long the scheduler stays after its last lease has ended before it
 /// exits, so that a job run in a loop does not start one per run.
 pub(super) const IDLE_LINGER: Duration = Duration::from_secs(1);
-
-/// The time limit of a call awaited elsewhere, kept by the scheduler's timer.
-#[derive(Debug)]
-pub(super) struct Watch {
-    deadline: Instant,
-    /// The deadline has passed, or the scheduler is gone.
-    expired: bool,
-    waker: Option<Waker>,
-}
-
-/// A call's time limit kept by the scheduler ([`Engine::watch`]); dropping
-/// it withdraws the limit.
-pub(super) type Watched = DropGuard<(Arc<Engine>, u64)>;
-
-impl Watched {
-    /// Resolves once the deadline has passed (or the scheduler is gone).
-    pub(super) fn expired(&self) -> impl Future<Output = ()> + '_ {
-        let (engine, id) = &**self;
-        std::future::poll_fn(move |cx| {
-            let mut names = engine.names();
-            let Some(w) = names.watches.get_mut(id) else {
-                return Poll::Ready(());
-            };
-            if w.expired || Instant::now() >= w.deadline {
-                return Poll::Ready(());
-            }
-            if !w.waker.as_ref().is_some_and(|k| k.will_wake(cx.waker())) {
-                w.waker = Some(cx.waker().clone());
-            }
-            Poll::Pending
-        })
-    }
-}
-
-impl Engine {
-    /// Have the scheduler keep the time limit `deadline` of a call: `None`
-    /// if no scheduler runs (the caller then needs a timer of its own).
-    ///
-    /// While the scheduler runs (it always does while a lease is held, and a
-    /// while after), its timer is there anyway; a timer per call would cost
-    /// every release a timer of its own.
-    pub(super) fn watch(self: &Arc<Self>, deadline: Instant) -> Option<Watched> {
-        let mut names = self.names();
-        // Under this lock, a running scheduler has not decided to exit: its
-        // next plan sees the watch, and it stays until the watch is gone.
-        if !names.scheduler {
-            return None;
-        }
-        let id = names.next_watch;
-        names.next_watch += 1;
-        names.watches.insert(
-            id,
-            Watch {
-                deadline,
-                expired: false,
-                waker: None,
-            },
-        );
-        let wake = names.planned.is_none_or(|at| at > deadline);
-        drop(names);
-        if wake {
-            self.wake.notify_one();
-        }
-        Some(DropGuard::new((self.clone(), id), |(engine, id)| {
-            engine.names().watches.remove(&id);
-        }))
-    }
-}
 
 /// What one turn of the scheduler decided ([`Scheduler::plan`]).
 struct Plan {
@@ -108,8 +37,6 @@ struct Plan {
     /// Leases whose `min_hold` is over (or that were lost while waiting it
     /// out): to release now.
     release: Vec<Arc<Entry>>,
-    /// Wakers of calls whose time limit has passed.
-    expired: Vec<Waker>,
     /// When to look again at the latest.
     wake_at: Instant,
 }
@@ -145,9 +72,6 @@ impl Scheduler {
         loop {
             let now = Stamp::now();
             let plan = self.plan(now, idle_since.unwrap_or(now.mono) + IDLE_LINGER);
-            for waker in plan.expired {
-                waker.wake();
-            }
             for entry in &plan.release {
                 engine.release_in_background(entry);
             }
@@ -181,7 +105,6 @@ impl Scheduler {
             live: false,
             due: Vec::new(),
             release: Vec::new(),
-            expired: Vec::new(),
             wake_at: now.mono + Duration::from_secs(3600),
         };
         // After a shutdown, the scheduler does not linger.
@@ -192,16 +115,12 @@ impl Scheduler {
         };
         let mut names = self.engine.names();
         let live = self.sort_leases(&names, now, &mut plan);
-        let watch_at = expire_watches(&mut names, now.mono, &mut plan);
         if live.is_empty() {
-            linger_or_exit(&mut names, now.mono, linger_until, watch_at, &mut plan);
+            linger_or_exit(&mut names, now.mono, linger_until, &mut plan);
             return plan;
         }
         plan.live = true;
         pick_due(live, now.mono, &mut plan);
-        if let Some(at) = watch_at {
-            plan.wake_at = plan.wake_at.min(at);
-        }
         // Still under the lock: a lease held from now on sees this.
         names.planned = Some(plan.wake_at);
         plan
@@ -344,41 +263,12 @@ impl Scheduler {
     }
 }
 
-/// Mark the kept time limits that have passed as expired (their wakers go
-/// in `plan.expired`); the earliest one still to come.
-fn expire_watches(names: &mut Names, now: Instant, plan: &mut Plan) -> Option<Instant> {
-    let mut watch_at: Option<Instant> = None;
-    for w in names.watches.values_mut() {
-        if w.expired {
-            continue;
-        }
-        if now >= w.deadline {
-            w.expired = true;
-            plan.expired.extend(w.waker.take());
-        } else {
-            watch_at = Some(watch_at.map_or(w.deadline, |at| at.min(w.deadline)));
-        }
-    }
-    watch_at
-}
-
 /// No lease is live. Linger a while — a job run in a loop acquires again
-/// soon, and finding the scheduler still running saves starting one — and
-/// stay while a call's time limit is ours to keep; otherwise exit.
-fn linger_or_exit(
-    names: &mut Names,
-    now: Instant,
-    linger_until: Instant,
-    watch_at: Option<Instant>,
-    plan: &mut Plan,
-) {
-    if linger_until > now || watch_at.is_some() {
-        if linger_until > now {
-            plan.wake_at = linger_until;
-        }
-        if let Some(at) = watch_at {
-            plan.wake_at = plan.wake_at.min(at);
-        }
+/// soon, and finding the scheduler still running saves starting one;
+/// otherwise exit.
+fn linger_or_exit(names: &mut Names, now: Instant, linger_until: Instant, plan: &mut Plan) {
+    if linger_until > now {
+        plan.wake_at = linger_until;
         names.planned = Some(plan.wake_at);
     } else {
         names.scheduler = false;
@@ -432,15 +322,6 @@ impl Drop for Scheduler {
         let mut names = self.engine.names();
         names.scheduler = false;
         names.planned = None;
-        // Calls whose time limit it kept end now, as timed out.
-        let wakers: Vec<Waker> = names
-            .watches
-            .values_mut()
-            .filter_map(|w| {
-                w.expired = true;
-                w.waker.take()
-            })
-            .collect();
         names.slots.retain(|_, slot| {
             let Slot::Held(entry) = slot else { return true };
             let mut t = entry.timing();
@@ -459,10 +340,6 @@ impl Drop for Scheduler {
             }
             true
         });
-        drop(names);
-        for waker in wakers {
-            waker.wake();
-        }
     }
 }
 
