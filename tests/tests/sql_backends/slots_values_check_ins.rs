@@ -587,6 +587,43 @@ async fn short_checked_transactions_leave_the_renewals_alone<B: Sql>(b: &B) {
 
 /// `on_every_table!(property, ..)`: a test per property and server, each
 /// on a table of its own.
+/// An acquisition by the lease's own holder never moves its expiry
+/// earlier. Such an acquisition arrives late when its client gave up on it
+/// (its time limit passed while it waited on the row's lock, held by a
+/// checked-in transaction) and the holder acquired again meanwhile: the
+/// statement then carries an expiry computed before the wait, earlier than
+/// the one the holder counts on. The fault suite saw it (`stop-in-txn` on
+/// `PgTable`, 10 injections: the holder's late attempt cut its new lease to
+/// an expiry in the past, and another contender was granted the lease 8 ms
+/// before the holder's deadline). Here a re-acquisition with a shorter ttl
+/// stands for that statement, by plain `acquire` and by `acquire_with`.
+async fn a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier<B: Sql>(b: &B) {
+    let name = unique("late");
+    let fence = acquire(b, &name, "a", LONG).await.expect("granted");
+    let short = Duration::from_secs(1);
+    assert_eq!(
+        acquire(b, &name, "a", short).await,
+        Some(fence),
+        "re-acquired"
+    );
+    let left = row(b, &name).await.expires_in.expect("live");
+    assert!(
+        left > LONG - Duration::from_secs(10),
+        "acquire: {left:?} left"
+    );
+    let with = claim(b, Request::new(&name, "a", short).value("v")).await;
+    assert!(
+        matches!(with, Acquired::Granted(ref g) if g.fencing_token == Some(fence)),
+        "{with:?}"
+    );
+    let left = row(b, &name).await.expires_in.expect("live");
+    assert!(
+        left > LONG - Duration::from_secs(10),
+        "acquire_with: {left:?} left"
+    );
+    assert_eq!(acquire(b, &name, "b", LONG).await, None, "still a's");
+}
+
 macro_rules! on_every_table {
     ($($property:ident),* $(,)?) => {
         mod postgres {$(
@@ -629,6 +666,7 @@ on_every_table!(
     a_check_in_after_a_takeover_is_not_held,
     a_term_checks_in_and_another_backend_cannot,
     short_checked_transactions_leave_the_renewals_alone,
+    a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier,
 );
 
 /// `check_in` on a connection to another database says so: PostgreSQL

@@ -57,7 +57,11 @@ const MYSQL_SQL: Templates = Templates {
     //   and the last insert id is set to 0;
     // - `holder` and then `expires_at` are changed under the same condition.
     //   It evaluates the same after `holder` has been changed: if the row was
-    //   acquirable `holder` now equals ours, otherwise nothing changed.
+    //   acquirable `holder` now equals ours, otherwise nothing changed. The
+    //   expiry never moves earlier (GREATEST; an acquirable row's is in the
+    //   past unless it is ours): `{now}` is the statement's start, before any
+    //   wait for the row's lock, and an attempt of ours that ran late must
+    //   not cut the lease we acquired since (as in pg.rs).
     // The same values are bound again instead of VALUES(col) (deprecated in
     // MySQL 8) or a row alias (not in MariaDB). `{clear_value}` is last:
     // once `holder` is assigned, it is ours iff the row was acquired.
@@ -69,7 +73,7 @@ const MYSQL_SQL: Templates = Templates {
               fence + LAST_INSERT_ID(0)), \
               holder = IF(expires_at <= {cutoff} OR holder = ?, ?, holder), \
               expires_at = IF(expires_at <= {cutoff} OR holder = ?, \
-              TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}), expires_at){clear_value_of_ours}",
+              GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})), expires_at){clear_value_of_ours}",
     // An acquisition with a slot or a value: one request, a script of three
     // statements, with its values written in (`:name` ..., see
     // `MySqlTable::acquire_with`): MySQL has no RETURNING, and an OK packet
@@ -98,7 +102,7 @@ const MYSQL_SQL: Templates = Templates {
                    fence + LAST_INSERT_ID(0)), \
                    holder = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), :holder, holder), \
                    expires_at = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), \
-                   TIMESTAMPADD(MICROSECOND, :ttl * 1000{pad}, {now}), expires_at), \
+                   GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, :ttl * 1000{pad}, {now})), expires_at), \
                    value = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), :value, value), \
                    last_slot = IF((expires_at <= {cutoff} OR holder = :holder) AND COALESCE(last_slot < @leasehold_slot, TRUE), \
                    COALESCE(IF(:retry, NULL, @leasehold_slot), last_slot), last_slot); \

@@ -46,6 +46,14 @@ const PG_SQL: Templates = Templates {
     // 0: a row the Go services inserted, which has no fence yet). When the
     // row is held by someone else the WHERE fails and nothing is returned.
     //
+    // The expiry is never moved earlier (GREATEST; an expired or released
+    // row's is in the past anyway): the SELECT reads the clock before ON
+    // CONFLICT waits for the row's lock, so an attempt of ours that its
+    // client gave up on while a checked-in transaction held the row, run
+    // after our next acquisition, would set an expiry older than the one we
+    // count on (`a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier`
+    // in tests/tests/sql_backends/).
+    //
     // The NOT EXISTS is a plain read that answers "held elsewhere" without
     // touching the row: ON CONFLICT DO UPDATE locks the conflicting row
     // before it evaluates its WHERE, and a row lock costs a transaction id,
@@ -58,7 +66,7 @@ const PG_SQL: Templates = Templates {
               WHERE name = $1 AND holder <> $2 AND expires_at > {cutoff}) \
               ON CONFLICT (name) DO UPDATE SET \
               holder = EXCLUDED.holder, \
-              expires_at = EXCLUDED.expires_at, \
+              expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
               fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > {cutoff} \
               AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END{clear_value} \
               WHERE l.expires_at <= {cutoff} OR l.holder = EXCLUDED.holder \
@@ -81,7 +89,7 @@ const PG_SQL: Templates = Templates {
                    WHERE NOT EXISTS (SELECT 1 FROM p \
                    WHERE (p.holder <> $2 AND p.left_us > 0) OR p.last_slot >= c.slot) \
                    ON CONFLICT (name) DO UPDATE SET \
-                   holder = EXCLUDED.holder, expires_at = EXCLUDED.expires_at, \
+                   holder = EXCLUDED.holder, expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
                    fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > {cutoff} \
                    AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END, \
                    last_slot = COALESCE(EXCLUDED.last_slot, l.last_slot), value = EXCLUDED.value \

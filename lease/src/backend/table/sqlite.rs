@@ -44,12 +44,14 @@ const NOW_MS: &str = "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS
 const SQLITE_SQL: Templates = Templates {
     // One statement: insert a new row, or take over an expired (or released)
     // row, or extend our own live row. The fence counts acquisitions; only
-    // the idempotent re-acquire of our own live lease keeps it. The SET
-    // expressions all see the old row. When the row is held by someone else
+    // the idempotent re-acquire of our own live lease keeps it, and never
+    // moves the expiry earlier (as in pg.rs: an attempt of ours that ran
+    // late must not cut the lease we acquired since). The SET expressions
+    // all see the old row. When the row is held by someone else
     // the WHERE fails and nothing is returned.
     acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
               VALUES (?1, ?2, {now} + ?3, 1) ON CONFLICT (name) DO UPDATE SET \
-              holder = excluded.holder, expires_at = excluded.expires_at, \
+              holder = excluded.holder, expires_at = max(l.expires_at, excluded.expires_at), \
               fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
               THEN l.fence ELSE l.fence + 1 END{clear_value} \
               WHERE l.expires_at <= {now} OR l.holder = excluded.holder RETURNING fence",
@@ -68,7 +70,7 @@ const SQLITE_SQL: Templates = Templates {
                    VALUES (:name, :holder, {now} + :ttl, 1, \
                    CASE WHEN :retry THEN NULL ELSE :slot END, :value) \
                    ON CONFLICT (name) DO UPDATE SET \
-                   holder = excluded.holder, expires_at = excluded.expires_at, \
+                   holder = excluded.holder, expires_at = max(l.expires_at, excluded.expires_at), \
                    fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
                    THEN l.fence ELSE l.fence + 1 END, \
                    last_slot = coalesce(excluded.last_slot, l.last_slot), value = excluded.value \
