@@ -92,7 +92,7 @@ const PG_ACQUIRE: &str = "INSERT INTO task_leases AS l (name, holder, expires_at
      WHERE name = $1 AND holder <> $2 AND expires_at > clock_timestamp()) \
      ON CONFLICT (name) DO UPDATE SET \
      holder = EXCLUDED.holder, \
-     expires_at = EXCLUDED.expires_at, \
+     expires_at = GREATEST(l.expires_at, EXCLUDED.expires_at), \
      fence = CASE WHEN l.holder = EXCLUDED.holder AND l.expires_at > clock_timestamp() \
      AND l.fence > 0 THEN l.fence ELSE l.fence + 1 END, \
      value = NULL \
@@ -108,7 +108,7 @@ const MY_ACQUIRE: &str = "INSERT INTO task_leases (name, holder, expires_at, fen
      LAST_INSERT_ID(IF(expires_at > UTC_TIMESTAMP(6) AND holder = ? AND fence > 0, fence, fence + 1)), \
      fence + LAST_INSERT_ID(0)), holder = IF(expires_at <= UTC_TIMESTAMP(6) OR holder = ?, ?, holder), \
      expires_at = IF(expires_at <= UTC_TIMESTAMP(6) OR holder = ?, \
-     TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6)), expires_at), \
+     GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000, UTC_TIMESTAMP(6))), expires_at), \
      value = IF(holder = ?, NULL, value)";
 const MY_RELEASE: &str = "UPDATE task_leases SET expires_at = FROM_UNIXTIME(1), value = NULL \
      WHERE name = ? AND holder = ? AND fence = ? AND expires_at > UTC_TIMESTAMP(6)";
@@ -123,7 +123,7 @@ const LITE_ACQUIRE: &str = concat!(
     now_ms!(),
     " + ?3, 1) ON CONFLICT (name) DO UPDATE SET \
      holder = excluded.holder, \
-     expires_at = excluded.expires_at, \
+     expires_at = max(l.expires_at, excluded.expires_at), \
      fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > ",
     now_ms!(),
     " THEN l.fence ELSE l.fence + 1 END, value = NULL WHERE l.expires_at <= ",
