@@ -920,14 +920,8 @@ impl Engine {
 
     /// Ask the backend to release `entry`, within the release time limit;
     /// log the outcome.
-    async fn send_release(self: &Arc<Self>, entry: &Entry) -> Result<(), Error> {
+    async fn send_release(&self, entry: &Entry) -> Result<(), Error> {
         let limit = release_timeout(entry.ttl);
-        let timed_out = || {
-            Err(Error::Timeout {
-                operation: "release",
-                after: limit,
-            })
-        };
         let lease = entry.acquisition(&self.holder);
         let call = match entry.slot {
             // `retry_failed`: a successful run records its slot as it releases.
@@ -940,7 +934,10 @@ impl Engine {
             _ => self.backend.release(lease),
         };
         let started = std::time::Instant::now();
-        let result = timeout(limit, call).await.unwrap_or_else(|_| timed_out());
+        let result = timeout(limit, call).await.unwrap_or(Err(Error::Timeout {
+            operation: "release",
+            after: limit,
+        }));
         crate::metrics::backend_seconds("release", started.elapsed());
         match &result {
             Ok(()) => {
