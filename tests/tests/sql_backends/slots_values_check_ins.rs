@@ -624,6 +624,36 @@ async fn a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier<B: Sql>
     assert_eq!(acquire(b, &name, "b", LONG).await, None, "still a's");
 }
 
+/// The same for a renewal: one that reaches the row late (it waited on a
+/// row lock, or its caller gave up on it and renewed again) computed its
+/// expiry from an earlier instant, here stood in for by a shorter ttl; the
+/// holder's deadline follows the newer renewal, so the server's expiry must
+/// not fall below it.
+async fn a_late_renewal_never_moves_the_expiry_earlier<B: Sql>(b: &B) {
+    let name = unique("late-renewal");
+    let fence = acquire(b, &name, "a", Duration::from_secs(1))
+        .await
+        .expect("granted");
+    let lease = acquisition(&name, "a", fence);
+    assert!(b.renew(lease, LONG).await.expect("renew"), "renewed");
+    let short = Duration::from_secs(1);
+    assert!(b.renew(lease, short).await.expect("renew"), "renewed again");
+    let left = row(b, &name).await.expires_in.expect("live");
+    assert!(
+        left > LONG - Duration::from_secs(10),
+        "renew: {left:?} left"
+    );
+    let many = b.renew_many(&[(lease, short)]).await.expect("renew_many");
+    assert_eq!(many, [true]);
+    let left = row(b, &name).await.expires_in.expect("live");
+    assert!(
+        left > LONG - Duration::from_secs(10),
+        "renew_many: {left:?} left"
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(acquire(b, &name, "b", LONG).await, None, "still a's");
+}
+
 macro_rules! on_every_table {
     ($($property:ident),* $(,)?) => {
         mod postgres {$(
@@ -667,6 +697,7 @@ on_every_table!(
     a_term_checks_in_and_another_backend_cannot,
     short_checked_transactions_leave_the_renewals_alone,
     a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier,
+    a_late_renewal_never_moves_the_expiry_earlier,
 );
 
 /// `check_in` on a connection to another database says so: PostgreSQL

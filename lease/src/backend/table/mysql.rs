@@ -141,7 +141,11 @@ const MYSQL_SQL: Templates = Templates {
     // One holder and ttl. Rows matched equal to the number of leases: every
     // lease was renewed; otherwise `renewed_many` finds out which. The row
     // comparison `(name, fence) IN (..)` is a range scan of the primary key.
-    renew_many: "UPDATE {table} SET expires_at = TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}) \
+    // `{now}` is the statement's start, before any wait for the row's lock:
+    // GREATEST keeps a later renewal's expiry
+    // (`a_late_renewal_never_moves_the_expiry_earlier`).
+    renew_many: "UPDATE {table} \
+                 SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})) \
                  WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     // Right after such a `renew_many`: an acquisition of ours that is live
     // now was renewed by it (nothing else renews it, and a newer
@@ -604,7 +608,8 @@ mod tests {
         );
         let s = Statements::new(&MYSQL_SQL, "t", &layout("NOW(6)", 1_000_000, plain));
         assert!(s.renew_many[0].starts_with(
-            "UPDATE t SET expires_at = TIMESTAMPADD(MICROSECOND, ? * 1000 + 999999, NOW(6)) \
+            "UPDATE t \
+             SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000 + 999999, NOW(6))) \
              WHERE holder = ? AND expires_at > TIMESTAMPADD(MICROSECOND, -1000000, NOW(6))"
         ));
         assert!(!s.acquire.contains("UTC_TIMESTAMP"));

@@ -145,9 +145,11 @@ const PG_SQL: Templates = Templates {
            {last_slot} AS last_slot, {cutoff} AS t_now FROM {table} \
            OFFSET 0) AS l ORDER BY name",
     // The names, ttls and fences as three arrays; the (name, fence) of the
-    // rows renewed come back.
+    // rows renewed come back. The expiry never moves earlier, as in
+    // `acquire` (`a_late_renewal_never_moves_the_expiry_earlier`).
     renew_many: "UPDATE {table} AS l \
-                 SET expires_at = clock_timestamp() + b.ttl * interval '1 millisecond'{pad} \
+                 SET expires_at = GREATEST(l.expires_at, \
+                 clock_timestamp() + b.ttl * interval '1 millisecond'{pad}) \
                  FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS b(name, ttl, fence) \
                  WHERE l.name = b.name AND l.fence = b.fence AND l.holder = $4 \
                  AND l.expires_at > {cutoff} \

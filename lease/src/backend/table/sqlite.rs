@@ -103,7 +103,7 @@ const SQLITE_SQL: Templates = Templates {
            FROM {table} ORDER BY name",
     // `(name, ttl, fence)` triples, then the holder; the (name, fence) of
     // the rows renewed come back.
-    renew_many: "UPDATE {table} AS l SET expires_at = {now} + b.lease_ttl \
+    renew_many: "UPDATE {table} AS l SET expires_at = max(l.expires_at, {now} + b.lease_ttl) \
                  FROM (SELECT column1 AS lease_name, column2 AS lease_ttl, \
                  column3 AS lease_fence FROM (VALUES {list})) AS b \
                  WHERE l.name = b.lease_name AND l.fence = b.lease_fence AND l.holder = ? \
