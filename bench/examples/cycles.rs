@@ -1,6 +1,6 @@
-//! One kind of `PgAdvisory` cycle, `N` times in a row, on the multi-thread
-//! runtime the benchmark uses: for profiling a cycle under `perf`,
-//! `strace -c` or `valgrind`, which see one kind at a time.
+//! One kind of `PgAdvisory` or `Redis` cycle, `N` times in a row, on the
+//! multi-thread runtime the benchmark uses: for profiling a cycle under
+//! `perf`, `strace -c` or `valgrind`, which see one kind at a time.
 //!
 //! ```text
 //! cargo build -p lease-bench --release --example cycles
@@ -11,15 +11,21 @@
 //! Kinds: `floor` (the backend's acquire and release statements sent
 //! directly on a pool connection, as the benchmark's floor),
 //! `with_lease` (watched, the default), `unwatched` (`with_watch(false)`),
-//! `sqlx` (sqlx's own `PgAdvisoryLock`). Prints the median and the mean
-//! per cycle. The server: `DATABASE_URL`, or `postgres://postgres@127.0.0.1/test`.
+//! `sqlx` (sqlx's own `PgAdvisoryLock`); `redis-floor` (`Redis`'s acquire
+//! and release scripts sent directly on one multiplexed connection) and
+//! `redis` (`with_lease` on `Redis::connect`), `redis-backend` (the
+//! backend's `acquire` and `release` called directly, without the engine);
+//! `memory` (`with_lease` on the in-memory backend: the engine alone). Prints the median per
+//! cycle, and its ratio to the first floor named. The servers:
+//! `DATABASE_URL`, or `postgres://postgres@127.0.0.1/test`; `REDIS_URL`,
+//! or `redis://127.0.0.1:6379`.
 
 #![allow(clippy::print_stdout)]
 
 use std::time::{Duration, Instant};
 
 use leasehold::Lease;
-use leasehold::backend::PgAdvisory;
+use leasehold::backend::{PgAdvisory, Redis};
 use sqlx::postgres::PgPoolOptions;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -71,6 +77,14 @@ async fn main() -> Result<(), BoxError> {
     let sqlx_lock =
         sqlx::postgres::PgAdvisoryLock::with_key(sqlx::postgres::PgAdvisoryLockKey::BigInt(key));
     let mut own = pool.acquire().await?;
+    let redis_url =
+        std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let redis = Redis::connect(&redis_url).await?;
+    let redis_lease = Lease::with_holder(redis.clone(), "cycles");
+    let memory_lease = Lease::with_holder(leasehold::backend::Memory::new(), "cycles");
+    let redis_conn = redis::Client::open(redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
     let mut times = vec![Vec::with_capacity(n); kinds.len()];
     let warm_up = 500;
     for step in 0..n + warm_up {
@@ -92,6 +106,32 @@ async fn main() -> Result<(), BoxError> {
                         return Err(format!("{kind} did not run: {ran:?}").into());
                     }
                 }
+                "redis-floor" => {
+                    if !lease_bench::redis_floor_cycle(&redis, &redis_conn, "cycles-floor", TTL)
+                        .await?
+                    {
+                        return Err("the Redis floor did not acquire".into());
+                    }
+                }
+                "redis-backend" => {
+                    use leasehold::Backend as _;
+                    let grant = redis.acquire(name, "cycles-backend", TTL).await?;
+                    let fence = grant.ok_or("the backend did not acquire")?.fencing_token;
+                    let lease = leasehold::Acquisition::new(name, "cycles-backend", fence);
+                    redis.release(lease).await?;
+                }
+                "memory" => {
+                    let ran = memory_lease.with_lease(name, TTL, |_| async {}).await;
+                    if !matches!(ran, leasehold::Outcome::Ran(())) {
+                        return Err(format!("memory did not run: {ran:?}").into());
+                    }
+                }
+                "redis" => {
+                    let ran = redis_lease.with_lease(name, TTL, |_| async {}).await;
+                    if !matches!(ran, leasehold::Outcome::Ran(())) {
+                        return Err(format!("redis did not run: {ran:?}").into());
+                    }
+                }
                 "sqlx" => match sqlx_lock.try_acquire(pool.acquire().await?).await? {
                     sqlx::Either::Left(guard) => drop(guard.release_now().await?),
                     sqlx::Either::Right(_) => return Err("sqlx's lock did not acquire".into()),
@@ -108,7 +148,10 @@ async fn main() -> Result<(), BoxError> {
         t.get(t.len() / 2).copied().unwrap_or_default()
     };
     let medians: Vec<Duration> = times.iter_mut().map(median).collect();
-    let floor = kinds.iter().position(|k| k == "floor").map(|i| medians[i]);
+    let floor = kinds
+        .iter()
+        .position(|k| k.contains("floor"))
+        .map(|i| medians[i]);
     for (kind, m) in kinds.iter().zip(&medians) {
         match floor {
             Some(f) => println!(

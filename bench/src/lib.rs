@@ -63,6 +63,7 @@ use measure::{Contention, Overhead, RoundTrips, Scale, Stats};
 pub use servers::Unavailable;
 use servers::{Clusters, Counter, Servers};
 use targets::Target;
+pub use targets::redis_floor_cycle;
 
 /// The error type of the benchmark.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

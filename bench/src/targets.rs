@@ -470,6 +470,18 @@ async fn advisory_floor(
 }
 
 /// The backend's acquire and release scripts (`Redis`, `RedisCluster`).
+/// The floor of a `Redis` cycle on one multiplexed connection, for the
+/// `cycles` example's profiles: the backend's two scripts sent directly.
+pub async fn redis_floor_cycle(
+    b: &Redis,
+    conn: &redis::aio::MultiplexedConnection,
+    name: &str,
+    ttl: Duration,
+) -> Result<bool, BoxError> {
+    let mut conn = RedisConn::Single(conn.clone());
+    redis_floor(b, &mut conn, name, "bench-floor", ttl.as_millis() as i64).await
+}
+
 async fn redis_floor(
     b: &Redis,
     conn: &mut RedisConn,
