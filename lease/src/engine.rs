@@ -327,7 +327,7 @@ pub(crate) struct Engine {
     pub(crate) holder: Arc<str>,
     names: Mutex<Names>,
     /// Wakes the scheduler (a new lease due before its planned wake-up, a
-    /// kept time limit, a `min_hold`).
+    /// `min_hold` to keep, a wind-down, a hint of loss).
     wake: Notify,
     /// Wakes waiters of this `Lease` ([`Engine::freed`]) when a release frees a name.
     freed: Notify,

@@ -29,9 +29,7 @@ use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 /// driver): renewals run on one task, spawned on the runtime of the
 /// acquisition that finds no lease held. The task ends on its own at its
 /// next planned wake-up after the last lease has ended (at most `ttl/3`
-/// later) plus one second, and keeps the backend (its pool) until then; if
-/// a release is still waiting for the backend at that point, the task stays
-/// until that release's time limit (`min(ttl, 30 s)`), which it keeps. If
+/// later) plus one second, and keeps the backend (its pool) until then. If
 /// that runtime shuts down while leases are still held, nothing renews them
 /// any more, so their tokens are cancelled at once; with several runtimes
 /// in one process (say, one per test), give each its own `Lease`.

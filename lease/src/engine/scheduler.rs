@@ -96,7 +96,7 @@ impl Scheduler {
         }
     }
 
-    /// One look at every held lease and kept time limit: see [`Plan`].
+    /// One look at every held lease: see [`Plan`].
     /// When no lease is live and the linger is over, the scheduler flag is
     /// cleared (under the same lock) and the plan says exit.
     fn plan(&self, now: Stamp, linger_until: Instant) -> Plan {
