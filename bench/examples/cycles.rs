@@ -12,11 +12,12 @@
 //! directly on a pool connection, as the benchmark's floor),
 //! `with_lease` (watched, the default), `unwatched` (`with_watch(false)`),
 //! `sqlx` (sqlx's own `PgAdvisoryLock`); `redis-floor` (`Redis`'s acquire
-//! and release scripts sent directly on one multiplexed connection) and
+//! and release scripts sent directly on one multiplexed connection),
 //! `redis` (`with_lease` on `Redis::connect`), `redis-backend` (the
 //! backend's `acquire` and `release` called directly, without the engine);
-//! `memory` (`with_lease` on the in-memory backend: the engine alone). Prints the median per
-//! cycle, and its ratio to the first floor named. The servers:
+//! `memory` (`with_lease` on the in-memory backend: the engine alone).
+//! Prints the median per cycle, and its ratio to the first floor named.
+//! The servers:
 //! `DATABASE_URL`, or `postgres://postgres@127.0.0.1/test`; `REDIS_URL`,
 //! or `redis://127.0.0.1:6379`.
 

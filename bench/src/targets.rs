@@ -469,7 +469,6 @@ async fn advisory_floor(
     Ok(locked)
 }
 
-/// The backend's acquire and release scripts (`Redis`, `RedisCluster`).
 /// The floor of a `Redis` cycle on one multiplexed connection, for the
 /// `cycles` example's profiles: the backend's two scripts sent directly.
 pub async fn redis_floor_cycle(
@@ -482,6 +481,7 @@ pub async fn redis_floor_cycle(
     redis_floor(b, &mut conn, name, "bench-floor", ttl.as_millis() as i64).await
 }
 
+/// The backend's acquire and release scripts (`Redis`, `RedisCluster`).
 async fn redis_floor(
     b: &Redis,
     conn: &mut RedisConn,

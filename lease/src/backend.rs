@@ -157,10 +157,8 @@ pub trait Backend: Send + Sync + 'static {
     /// Extend the lease to storage-now + `ttl` iff `lease` is still the
     /// current, unexpired acquisition of its name (same holder and, where
     /// the backend has them, same fencing token). Never creates a record,
-    /// and never brings back a lease that was released or has expired. A
-    /// backend may keep a later expiry that it set before (the built-in
-    /// tables never move it earlier: a renewal that arrives late must not
-    /// cut the lease below what a newer one promised).
+    /// and never brings back a lease that was released or has expired. It
+    /// may keep a later expiry set before (a late renewal must not cut one).
     ///
     /// `Ok(false)` means the lease is definitely lost (expired, released or
     /// taken over, or superseded by a newer acquisition).

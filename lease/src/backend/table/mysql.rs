@@ -141,9 +141,8 @@ const MYSQL_SQL: Templates = Templates {
     // One holder and ttl. Rows matched equal to the number of leases: every
     // lease was renewed; otherwise `renewed_many` finds out which. The row
     // comparison `(name, fence) IN (..)` is a range scan of the primary key.
-    // `{now}` is the statement's start, before any wait for the row's lock:
-    // GREATEST keeps a later renewal's expiry
-    // (`a_late_renewal_never_moves_the_expiry_earlier`).
+    // `{now}` is the statement's start, before any row-lock wait: GREATEST
+    // keeps a later expiry (`a_late_renewal_never_moves_the_expiry_earlier`).
     renew_many: "UPDATE {table} \
                  SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})) \
                  WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
