@@ -56,7 +56,9 @@ use statements::{LIST_SIZES, list_size};
 /// - **Release keeps the row**, expired, so the fence never restarts; this
 ///   crate never deletes rows.
 /// - **One statement per call**, in autocommit; [`Backend::renew_many`] is
-///   one per holder and 1,000 leases. A statement the server rolled back
+///   one per holder and 1,000 leases (on PostgreSQL a batch of two or more
+///   is parsed for itself, one request more, so that its plan fits the
+///   table as it is, however it has grown). A statement the server rolled back
 ///   as transient (MySQL: a deadlock or lock wait timeout) is run again, up
 ///   to 6 times in all. Names and holders are always bind parameters.
 /// - **The table is checked at the first call** (one catalog query per

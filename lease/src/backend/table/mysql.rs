@@ -149,6 +149,7 @@ const MYSQL_SQL: Templates = Templates {
     // Right after such a `renew_many`: an acquisition of ours that is live
     // now was renewed by it (nothing else renews it, and a newer
     // acquisition would carry another fence).
+    renew: "",
     renewed_many: "SELECT name, fence FROM {table} \
                    WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     list_item: "(?, ?)",

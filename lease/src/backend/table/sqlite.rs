@@ -108,6 +108,7 @@ const SQLITE_SQL: Templates = Templates {
                  column3 AS lease_fence FROM (VALUES {list})) AS b \
                  WHERE l.name = b.lease_name AND l.fence = b.lease_fence AND l.holder = ? \
                  AND l.expires_at > {now} RETURNING name, fence",
+    renew: "",
     renewed_many: "",
     list_item: "(?, ?, ?)",
     // A no-op write of the row: the transaction becomes the database's one

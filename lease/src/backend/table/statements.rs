@@ -33,6 +33,9 @@ pub(super) struct Templates {
     /// With a `list_item`, `{list}` stands for one per lease, and a
     /// statement is built per length in [`LIST_SIZES`].
     pub(super) renew_many: &'static str,
+    /// PostgreSQL only (else empty, and `renew_many` renews one lease too):
+    /// the renewal of one lease, by its name.
+    pub(super) renew: &'static str,
     /// MySQL only (else empty): which of a batch's leases are ours and live.
     pub(super) renewed_many: &'static str,
     pub(super) list_item: &'static str,
@@ -106,6 +109,8 @@ pub(super) struct Statements {
     pub(super) list: Arc<str>,
     /// One per length in [`LIST_SIZES`], or a single statement.
     pub(super) renew_many: Vec<Arc<str>>,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(super) renew: Arc<str>,
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(super) renewed_many: Vec<Arc<str>>,
     pub(super) check_in: Arc<str>,
@@ -134,6 +139,7 @@ impl Statements {
             info: fill(templates.info),
             list: fill(templates.list),
             renew_many: lists(templates.renew_many),
+            renew: fill(templates.renew),
             renewed_many: lists(templates.renewed_many),
             check_in: fill(templates.check_in),
             columns: layout.columns,
