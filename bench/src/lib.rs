@@ -54,7 +54,7 @@ mod targets;
 
 pub use checks::{
     Check, HANDOVER_RTT_TARGET, OVERHEAD_TARGET, QUICK_HANDOVER_RTT_BOUND, QUICK_OVERHEAD_BOUND,
-    Required,
+    REDIS_OVERHEAD_TARGET, Required,
 };
 pub use plots::{Plot, write as write_plots};
 
@@ -296,7 +296,7 @@ pub async fn run(options: &Options) -> Result<Report, BoxError> {
                 (10_000, false),
             ],
         };
-        // DESIGN §6.5: one process holds 100,000 leases on `PgTable` and
+        // One process holds 100,000 leases on `PgTable` and
         // `Redis`. Acquiring them takes longer than a renewal period of the
         // others' ttl: these get a ttl of 2 minutes.
         if !q && section("scale") && matches!(target, Target::Pg(_) | Target::Redis(..)) {
@@ -582,7 +582,9 @@ fn report(
         if options.quick {
             format!(" (the quick run's bound; the full run's target is {OVERHEAD_TARGET})")
         } else {
-            String::new()
+            format!(
+                " (`Redis` ≤ {REDIS_OVERHEAD_TARGET}: its floor is the two scripts on one multiplexed connection)"
+            )
         }
     );
     let _ = writeln!(

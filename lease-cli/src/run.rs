@@ -189,7 +189,7 @@ fn held_by(info: &leasehold::LeaseInfo) -> String {
 /// has between SIGTERM and SIGKILL (`--kill-after`, default nine tenths of
 /// the grace, the rest a margin for the signal and CMD's exit). A
 /// `--kill-after` longer than the grace is refused: CMD could still run
-/// when the lease passes on (DESIGN §6.1). The grace's own range is the
+/// when the lease passes on. The grace's own range is the
 /// library's (`Error::InvalidGrace` at the acquisition).
 fn stop_times(args: &RunArgs) -> Result<(Duration, Duration), String> {
     // `ttl/3`: the library's default grace (lease/src/engine/timing.rs).

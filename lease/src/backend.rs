@@ -250,7 +250,7 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The evicted acquisition's renewals fail from now on (its token fires
     /// at its next renewal, within `ttl/3`), and nobody is granted `name`
-    /// before the expiry the backend last set for it (DESIGN §6.1): the
+    /// before the expiry the backend last set for it: the
     /// evicted holder's job has that long to stop. [`inspect`](Backend::inspect)
     /// reports the name as [`forced`](LeaseInfo::forced) until then. The
     /// fencing counter is kept: the next acquisition gets a larger fencing
@@ -306,9 +306,9 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Acquire as [`acquire`](Backend::acquire) does, with what a job asks
-    /// beyond the lease: a schedule slot to claim ([`Request::once_per`],
-    /// DESIGN §6.2) and a value to publish with it ([`Request::value`],
-    /// §6.4), each in the acquisition's own statement (one round trip).
+    /// beyond the lease: a schedule slot to claim ([`Request::once_per`])
+    /// and a value to publish with it ([`Request::value`]), each in the
+    /// acquisition's own statement (one round trip).
     ///
     /// With `once_per`, the slot is `floor(clock / period)` by the
     /// backend's own clock where it has one (else the caller's); a slot at
@@ -540,7 +540,7 @@ pub struct Request<'a> {
     pub holder: &'a str,
     /// Its time-to-live.
     pub ttl: Duration,
-    /// Claim a schedule slot (DESIGN §6.2).
+    /// Claim a schedule slot.
     pub once_per: Option<OncePer>,
     /// Publish this value with the lease (an election's `proclaim`, §6.4).
     pub value: Option<&'a str>,

@@ -58,7 +58,7 @@ pub enum Leadership {
 /// pass the [`fencing_token`](Term::fencing_token) to the resources the
 /// leader writes to.
 ///
-/// A `Term` is the leader's *body* (DESIGN §6.1): while any clone of it is
+/// A `Term` is the leader's *body*: while any clone of it is
 /// alive, the leader may still be acting, so a resigned or dropped
 /// [`Election`] releases its lease only once every clone has been dropped
 /// — at most its grace after the token fired ([`Job::grace`](crate::Job::grace):
@@ -386,7 +386,7 @@ impl Election {
     /// that a waiting election takes over without waiting for the ttl.
     /// Returns then, or after the grace (`ttl/3`) if a clone is still
     /// alive: the lease is then left to expire on the server, never
-    /// released under a leader that may still be acting (DESIGN §6.1).
+    /// released under a leader that may still be acting.
     ///
     /// # Errors
     ///
@@ -598,7 +598,7 @@ impl Campaign {
         if woken {
             return false;
         }
-        // A crashed leader's lease is taken at its expiry (DESIGN §6.5), not
+        // A crashed leader's lease is taken at its expiry, not
         // a poll later: wake then too.
         let at_expiry = expires_in
             .filter(|left| *left < crate::MAX_TTL)

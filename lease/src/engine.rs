@@ -20,7 +20,7 @@
 //! stays held — its token cancelled, no longer renewed — until its guard
 //! releases it. So does one *left to expire* ([`Entry::abandon`]): a body
 //! still running at the end of its grace, or, at a shutdown, a lease kept
-//! for its `min_hold` (DESIGN §6.1: never released while a body may run,
+//! for its `min_hold` (never released while a body may run,
 //! nor before `min_hold`). A reserved or releasing name is freed exactly once: by the
 //! [`Claim`] that owns it, whichever path ends first.
 //!
@@ -226,7 +226,7 @@ impl Entry {
     }
 
     /// Tell the body to stop and keep the lease (renewed) for it until
-    /// `until` at the latest: a shutdown or `max_hold` (DESIGN §6.1). A lease
+    /// `until` at the latest: a shutdown or `max_hold`. A lease
     /// lost or released already is only told.
     fn wind_down(&self, t: &mut Timing, until: Instant) {
         self.cancel.cancel();

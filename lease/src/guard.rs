@@ -124,7 +124,7 @@ impl LeaseGuard {
     /// this acquisition still holds the lease, and keep it from every other
     /// holder until that transaction ends: the writes the transaction makes
     /// after the check are this holder's alone, even if this process pauses
-    /// past its ttl (DESIGN §6.3). `conn` is what a sqlx `Transaction`
+    /// past its ttl. `conn` is what a sqlx `Transaction`
     /// derefs to (`&mut *tx`) on a table backend's database: a
     /// `PgConnection` for `PgTable`, a `MySqlConnection` for `MySqlTable`,
     /// a `SqliteConnection` for `SqliteTable` (see [`CheckIn`](crate::CheckIn)).

@@ -134,8 +134,8 @@ impl<'a> Job<'a> {
         self
     }
 
-    /// Run at most once per schedule slot of `period` across every replica
-    /// (DESIGN §6.2): the run claims the slot `floor(clock / period)` — by
+    /// Run at most once per schedule slot of `period` across every
+    /// replica: the run claims the slot `floor(clock / period)` — by
     /// the backend's clock where it has one (PostgreSQL, MySQL/MariaDB,
     /// SQLite, Redis), else this process's (etcd, `Memory`) — in the
     /// acquisition's own statement. A slot at or below the last one claimed

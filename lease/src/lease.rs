@@ -193,7 +193,8 @@ impl Lease {
     /// release within this `Lease`, and otherwise polls: every `ttl/10`
     /// (between 10 ms and 1 s, with ±20% jitter). A notification is never
     /// trusted: the waiter tries to acquire. A crashed holder's lease is
-    /// taken about one poll after it expires. A zero `wait` is one attempt,
+    /// taken at its expiry, which the refused attempt (or one `inspect`)
+    /// reports, not a poll later. A zero `wait` is one attempt,
     /// like `try_acquire`.
     ///
     /// # Examples
@@ -242,7 +243,7 @@ impl Lease {
     ///
     /// Between attempts it wakes for a release (this `Lease`'s, the
     /// backend's push, or a poll) and at the expiry of the holder's lease
-    /// (DESIGN §6.5: a crashed holder's lease is taken at its expiry, not a
+    /// (a crashed holder's lease is taken at its expiry, not a
     /// poll later): the expiry the refused attempt reported, or else one
     /// [`inspect`](crate::Backend::inspect), asked again only once a wake-up
     /// at the known expiry found the lease still held (renewed meanwhile).

@@ -32,7 +32,7 @@
 //!   `PgAdvisory`, which holds one pool connection per lease.
 //!
 //! - **Round three** ([`Caps`]: `once_per`, `values`, `lock_delay`,
-//!   `force_now`; DESIGN §6). Where a backend lacks one, the property
+//!   `force_now`). Where a backend lacks one, the property
 //!   checks that it is refused with `Error::Unsupported` (or, for the lock
 //!   delay, checks nothing).
 //!
@@ -88,7 +88,7 @@ struct Caps {
     /// Whom `Backend::inspect` names as the holder of a live lease, which
     /// is what an election's `Leadership::Following { leader }` shows.
     leader: Naming,
-    /// Schedule slots (`Request::once_per`, `Job::once_per`; DESIGN §6.2).
+    /// Schedule slots (`Request::once_per`, `Job::once_per`).
     /// When false, a request for one is refused with `Error::Unsupported`.
     once_per: bool,
     /// Values published with a lease (`Request::value`, `Backend::publish`,
@@ -118,7 +118,7 @@ enum Naming {
 }
 
 /// Memory, SQLite and MySQL: fencing, expiry, polling waiters, and every
-/// addition of round three (DESIGN §6).
+/// addition of round three.
 const TABLE_LIKE: Caps = Caps {
     fencing: true,
     expires: true,
@@ -130,7 +130,7 @@ const TABLE_LIKE: Caps = Caps {
     force_now: true,
 };
 
-/// Without the additions of round three (DESIGN §6): no schedule slots, no
+/// Without the additions of round three: no schedule slots, no
 /// values, no `force_release` with a lock delay, no `force_release_now`.
 const ROUND_TWO: Caps = Caps {
     once_per: false,
@@ -313,7 +313,7 @@ use values::*;
 /// Groups: `every` (every backend), `fenced` (backends with fencing
 /// tokens), `many_leases` (thousands of leases held
 /// at once), `tables` (needs [`TableBackend`]), `operating` (`list`,
-/// `force_release`), `round_three` (DESIGN §6: slots, values, observers,
+/// `force_release`), `round_three` (slots, values, observers,
 /// take-over at expiry; each property checks what [`Caps`] says the
 /// backend supports, and that the rest is refused).
 macro_rules! conformance {

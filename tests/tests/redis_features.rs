@@ -1,4 +1,4 @@
-//! `Redis`'s round-three features (DESIGN §6.1, §6.2, §6.4), on one server
+//! `Redis`'s round-three features, on one server
 //! and on a Redis Cluster: schedule slots by Redis `TIME` and the ledger
 //! beside the fence, published values, the lock delay of a forced release,
 //! `HeldElsewhere`'s `PTTL`, and `set_fenced` for the application's keys.

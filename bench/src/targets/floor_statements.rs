@@ -338,8 +338,8 @@ async fn check_in_sends_one_statement() {
 }
 
 /// An acquisition with a schedule slot (and a value) is one request on each
-/// table backend, granted or refused, as a plain acquisition is (DESIGN
-/// §6.2): PostgreSQL one statement; MySQL and SQLite one script, which sqlx
+/// table backend, granted or refused, as a plain acquisition is:
+/// PostgreSQL one statement; MySQL and SQLite one script, which sqlx
 /// sends (and logs) as one.
 #[tokio::test]
 async fn a_slot_acquisition_is_one_request() {

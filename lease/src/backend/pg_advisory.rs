@@ -175,7 +175,7 @@ impl Fencing {
 ///   transaction-mode pooler, locks land on sessions other clients use.
 ///
 /// A heartbeat that fails, or finds the lock gone, loses the lease at once.
-/// One that does not answer in time keeps the lock (DESIGN §6.1): the
+/// One that does not answer in time keeps the lock: the
 /// holder's token fires `grace` before the lock could pass on, and the lock
 /// stays held while the body stops — until it releases, or until a ttl
 /// after the last answered heartbeat was sent, when the connection is
@@ -592,7 +592,7 @@ impl PgAdvisory {
         // In a task of its own, so that a caller that stops waiting (this
         // one at ttl/3, or the engine) does not cut the query off: a
         // connection whose query was cut off would have to be closed, and
-        // the lock with it, as the holder's token fires (DESIGN §6.1: its
+        // the lock with it, as the holder's token fires (its
         // body has `grace` left). A release waits for the task instead.
         let task = tokio::spawn(async move {
             let turn = lock.turn.lock().await;
@@ -810,7 +810,7 @@ impl Backend for PgAdvisory {
 
     /// Always [`Error::Unsupported`]: an advisory lock ends with its
     /// session, and once the session has ended nothing stops the next
-    /// acquisition, so no lock delay can be kept (DESIGN §6.1).
+    /// acquisition, so no lock delay can be kept.
     /// [`force_release_now`](Backend::force_release_now) is the kind this
     /// backend offers: for a holder known to be dead.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {

@@ -57,7 +57,7 @@ async fn a_wait_that_runs_out_answers_held_elsewhere() {
     assert_eq!(Instant::now(), t1);
 }
 
-/// DESIGN §6.5: a crashed holder's lease is taken at its expiry (the
+/// A crashed holder's lease is taken at its expiry (the
 /// refused attempt says when), not a poll later.
 #[tokio::test(start_paused = true)]
 async fn a_crashed_holders_lease_is_taken_at_its_expiry() {

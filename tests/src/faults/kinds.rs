@@ -741,7 +741,7 @@ impl Fault {
             Revokes::Session => backend.advisory(),
             // `Etcd` watches its keys: a deleted key or a revoked etcd lease
             // (a steal, or a resumed leader's revocation) reaches the holder
-            // about a round trip after it commits (DESIGN §6.5).
+            // about a round trip after it commits.
             Revokes::Always | Revokes::ResumedLeader => backend == BackendKind::Etcd,
             Revokes::No => false,
         }

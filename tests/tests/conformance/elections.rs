@@ -393,7 +393,7 @@ pub(crate) async fn an_election_contends_again_after_a_steal<S: Subject>(s: &S) 
     election.resign().await.unwrap();
 }
 
-/// DESIGN §6.5: a waiter whose holder crashed (it acquired with a ttl of
+/// A waiter whose holder crashed (it acquired with a ttl of
 /// 2 s, and nothing renews or releases its lease) is granted the lease at
 /// its expiry — the expiry the backend reports, or its watch — not a poll
 /// later: no sooner than the ttl after the crashed acquisition was sent,

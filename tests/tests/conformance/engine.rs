@@ -80,7 +80,7 @@ pub(crate) async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
     }
 }
 
-/// DESIGN §6.1 (issue 28, point 2): `shutdown` cancels the token and keeps
+/// Issue 28, point 2: `shutdown` cancels the token and keeps
 /// the lease while the body winds down (400 ms, within its grace of ttl/3),
 /// releasing it only once the body has returned: another holder trying all
 /// along never gets it while the body runs. Causal, not timed: the body
@@ -127,7 +127,7 @@ pub(crate) async fn shutdown_hands_over_only_after_the_body_returned<S: Subject>
     timeout(LONG, shutdown).await.unwrap().unwrap();
 }
 
-/// DESIGN §6.1 (issue 28, point 2): a body that ignores its token does not
+/// Issue 28, point 2: a body that ignores its token does not
 /// make `shutdown` hang — it returns once the grace (ttl/3) is over, within
 /// the grace plus a release's time limit — and its lease is left
 /// unreleased: another holder gets it only once it has expired on the

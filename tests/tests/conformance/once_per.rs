@@ -1,4 +1,4 @@
-//! Once per schedule slot (DESIGN §6.2): `Job::once_per`, `retry_failed`,
+//! Once per schedule slot: `Job::once_per`, `retry_failed`,
 //! `Backend::acquire_with` with a slot.
 
 use std::sync::Mutex;

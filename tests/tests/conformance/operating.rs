@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// DESIGN §6.1: `force_release` evicts whoever holds a lease, with a lock
+/// `force_release` evicts whoever holds a lease, with a lock
 /// delay. The holder's token fires at its next renewal (within ttl/3); nobody
 /// is granted the name before the expiry the server last set (not even
 /// after the evicted holder's own release), while `inspect` reports it
@@ -76,7 +76,7 @@ pub(crate) async fn take_when_free(b: &impl Backend, name: &str, deadline: Insta
     }
 }
 
-/// DESIGN §6.1: `force_release_now` ends a lease at once, whoever holds it,
+/// `force_release_now` ends a lease at once, whoever holds it,
 /// also one kept by `force_release`'s lock delay: the next acquisition is
 /// granted at once with a larger fence, the evicted holder's token fires
 /// at its next renewal, and its release does not end the next holder's

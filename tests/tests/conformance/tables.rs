@@ -342,7 +342,7 @@ where
     fresh.drop_table().await;
 }
 
-/// DESIGN §6.2: a lease table made before round three (the first migration
+/// A lease table made before round three (the first migration
 /// only) still serves plain leases; a `once_per` run on it fails with
 /// `Error::Schema` naming the `ALTER TABLE` (of the migration that adds the
 /// column) that adds `last_slot`; once that migration has run, the same

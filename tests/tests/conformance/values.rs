@@ -1,4 +1,4 @@
-//! Leaders that say where they are (DESIGN §6.4): `Election::proclaim`,
+//! Leaders that say where they are: `Election::proclaim`,
 //! `Leadership::Following { value }`, `Lease::observe`.
 
 use leasehold::{MAX_VALUE_LEN, Observed};

@@ -684,7 +684,7 @@ async fn pg_lock_lost_on_a_half_open_connection_frees_its_pool_slot() {
     }
 }
 
-/// DESIGN §6.1 under latency: a heartbeat that misses its time limit but
+/// Under latency: a heartbeat that misses its time limit but
 /// whose session lives fires the token `grace` before the lock can pass on,
 /// so the lock stays held while the body winds down: a second contender
 /// gets it only once the body has ended and released it, not as the token

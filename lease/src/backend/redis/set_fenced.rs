@@ -1,5 +1,5 @@
 //! [`Redis::set_fenced`]: writes to Redis data that a stale lease holder
-//! cannot make (DESIGN §6.3).
+//! cannot make.
 
 use super::Redis;
 use super::scripts::SCRIPTS;

@@ -149,7 +149,13 @@ const MYSQL_SQL: Templates = Templates {
     // Right after such a `renew_many`: an acquisition of ours that is live
     // now was renewed by it (nothing else renews it, and a newer
     // acquisition would carry another fence).
-    renew: "",
+    // One lease: by its name. MariaDB scans the whole index for an
+    // `UPDATE` whose `(name, fence) IN (..)` has a single element
+    // (`mysql_a_renewal_of_one_lease_reads_one_row`). Rows matched: 1 if
+    // renewed.
+    renew: "UPDATE {table} \
+            SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})) \
+            WHERE name = ? AND fence = ? AND holder = ? AND expires_at > {cutoff}",
     renewed_many: "SELECT name, fence FROM {table} \
                    WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     list_item: "(?, ?)",
@@ -394,6 +400,16 @@ impl sealed::SqlDialect for MySqlDialect {
         holder: &str,
         leases: &[TableRenewal<'_>],
     ) -> Result<Vec<bool>, sqlx::Error> {
+        if let [one] = leases {
+            let done = sqlx::query(AssertSqlSafe(t.sql.renew.clone()))
+                .bind(one.ttl_ms)
+                .bind(one.name.as_bytes())
+                .bind(one.fence)
+                .bind(holder.as_bytes())
+                .execute(t.pool)
+                .await?;
+            return Ok(vec![done.rows_affected() == 1]);
+        }
         let (size, holder) = (list_size(leases.len()), holder.as_bytes());
         let last = leases[leases.len() - 1];
         // The list, padded to its size by repeating the last lease.

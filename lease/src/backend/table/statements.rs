@@ -33,8 +33,8 @@ pub(super) struct Templates {
     /// With a `list_item`, `{list}` stands for one per lease, and a
     /// statement is built per length in [`LIST_SIZES`].
     pub(super) renew_many: &'static str,
-    /// PostgreSQL only (else empty, and `renew_many` renews one lease too):
-    /// the renewal of one lease, by its name.
+    /// The renewal of one lease, by its name (PostgreSQL and MySQL; empty
+    /// for SQLite, whose `renew_many` renews one lease too).
     pub(super) renew: &'static str,
     /// MySQL only (else empty): which of a batch's leases are ours and live.
     pub(super) renewed_many: &'static str,
@@ -109,7 +109,7 @@ pub(super) struct Statements {
     pub(super) list: Arc<str>,
     /// One per length in [`LIST_SIZES`], or a single statement.
     pub(super) renew_many: Vec<Arc<str>>,
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(super) renew: Arc<str>,
     #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     pub(super) renewed_many: Vec<Arc<str>>,
