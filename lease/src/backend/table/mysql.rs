@@ -140,15 +140,13 @@ const MYSQL_SQL: Templates = Templates {
            FROM {table} ORDER BY name",
     // One holder and ttl. Rows matched equal to the number of leases: every
     // lease was renewed; otherwise `renewed_many` finds out which. The row
-    // comparison `(name, fence) IN (..)` is a range scan of the primary key.
+    // comparison `(name, fence) IN (..)`, of two or more, is a range scan of
+    // the primary key.
     // `{now}` is the statement's start, before any row-lock wait: GREATEST
     // keeps a later expiry (`a_late_renewal_never_moves_the_expiry_earlier`).
     renew_many: "UPDATE {table} \
                  SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})) \
                  WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
-    // Right after such a `renew_many`: an acquisition of ours that is live
-    // now was renewed by it (nothing else renews it, and a newer
-    // acquisition would carry another fence).
     // One lease: by its name. MariaDB scans the whole index for an
     // `UPDATE` whose `(name, fence) IN (..)` has a single element
     // (`mysql_a_renewal_of_one_lease_reads_one_row`). Rows matched: 1 if
@@ -156,6 +154,9 @@ const MYSQL_SQL: Templates = Templates {
     renew: "UPDATE {table} \
             SET expires_at = GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})) \
             WHERE name = ? AND fence = ? AND holder = ? AND expires_at > {cutoff}",
+    // Right after such a `renew_many`: an acquisition of ours that is live
+    // now was renewed by it (nothing else renews it, and a newer
+    // acquisition would carry another fence).
     renewed_many: "SELECT name, fence FROM {table} \
                    WHERE holder = ? AND expires_at > {cutoff} AND (name, fence) IN ({list})",
     list_item: "(?, ?)",
