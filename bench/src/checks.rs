@@ -6,6 +6,7 @@
 //! never a skip.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::check_in::CheckInCost;
 use crate::handover::Handover;
@@ -38,6 +39,26 @@ pub const HANDOVER_RTT_TARGET: f64 = 2.0;
 /// poll, hundreds of round trips; one more round trip per hand-over shows
 /// in the full run only.
 pub const QUICK_HANDOVER_RTT_BOUND: f64 = 6.0;
+
+/// A crashed holder's lease taken over, p50, after its expiry, full run:
+/// the waiter sleeps until the expiry the server reported and tries with a
+/// jitter of at most 5 ms (`Lease::acquire`); one attempt is one round
+/// trip, and one more may be needed when the waiter's clock runs a little
+/// ahead of the server's. Against this, a poll later costs ttl/10 (100 ms
+/// at the bench's ttl of 1 s).
+pub(crate) const CRASH_SLACK: Duration = Duration::from_millis(5);
+
+/// The same slack in the quick run (a debug build on a machine that may be
+/// busy): still well under the 100 ms of a poll.
+pub(crate) const QUICK_CRASH_SLACK: Duration = Duration::from_millis(25);
+
+/// How much later than its expiry etcd deletes an expired lease's key: its
+/// leader checks for expired leases every 500 ms (a fixed interval of its
+/// lessor, not configurable), then revokes them through raft. A waiter
+/// cannot take the key before, and may not revoke the holder's etcd lease
+/// itself: etcd reports a lease's remaining time in whole seconds only, so
+/// a waiter cannot tell an expired lease from one renewed a moment ago.
+pub(crate) const ETCD_EXPIRY_SWEEP: Duration = Duration::from_millis(500);
 
 /// Server-counted requests of one `Etcd` renewal: a `LeaseKeepAlive`
 /// message (on a stream of its own) and a linearizable `Range`, sent
@@ -368,6 +389,40 @@ pub(crate) fn checks(m: &Measured<'_>, quick: bool) -> Vec<Check> {
                 h.push.median.as_secs_f64() / h.rtt.as_secs_f64(),
             );
         }
+        // `PgAdvisory` has no expiry: its crashed holder's lock is free
+        // when the session ends, and a waiter polls for it.
+        if !m.label.starts_with("PgAdvisory") {
+            check(
+                "handover",
+                "crash take-over samples".to_owned(),
+                AtLeast(1.0),
+                h.crash.n as f64,
+            );
+            let slack = if quick {
+                QUICK_CRASH_SLACK
+            } else {
+                CRASH_SLACK
+            };
+            let sweep = if etcd {
+                ETCD_EXPIRY_SWEEP
+            } else {
+                Duration::ZERO
+            };
+            check(
+                "handover",
+                format!(
+                    "crash take-over p50 after the expiry, in ms (at most 2 round trips + {} ms{})",
+                    slack.as_millis(),
+                    if etcd {
+                        " + etcd's 500 ms expiry sweep"
+                    } else {
+                        ""
+                    }
+                ),
+                AtMost((h.rtt * 2 + slack + sweep).as_secs_f64() * 1e3),
+                h.crash.median.as_secs_f64() * 1e3,
+            );
+        }
     }
     if let Some(c) = m.check_in {
         check(
@@ -677,6 +732,7 @@ mod tests {
             rtt: ms(1.0),
             push: stats(push_ms),
             poll: stats(100.0),
+            crash: stats(3.0),
             pushes,
             ..Handover::default()
         };
@@ -706,9 +762,59 @@ mod tests {
             with(&handover(50.0, false), "MySqlTable"),
             Vec::<String>::new()
         );
-        // No samples: not met.
+        // No samples: not met (hand-over and crash samples both).
         let empty = Handover::default();
-        assert_eq!(with(&empty, "MySqlTable").len(), 1);
+        assert_eq!(with(&empty, "MySqlTable").len(), 2);
+    }
+
+    #[test]
+    fn a_crash_taken_over_a_poll_after_its_expiry_fails() {
+        let ms = |x: f64| Duration::from_secs_f64(x / 1e3);
+        let stats = |median: f64, n| Stats {
+            median: ms(median),
+            p99: ms(median),
+            n,
+        };
+        let handover = |crash_ms: f64| Handover {
+            rtt: ms(0.5),
+            push: stats(1.0, 10),
+            poll: stats(100.0, 10),
+            crash: stats(crash_ms, 10),
+            pushes: true,
+            ..Handover::default()
+        };
+        let unmet_crash = |label, crash_ms, quick| {
+            let h = handover(crash_ms);
+            let m = Measured {
+                handover: Some(&h),
+                ..measured(None, &[])
+            };
+            unmet(label, m, quick)
+        };
+        // Full run: 2 round trips (1 ms) + 5 ms.
+        assert_eq!(unmet_crash("Redis", 5.9, false), Vec::<String>::new());
+        let late = unmet_crash("Redis", 6.1, false);
+        assert_eq!(late.len(), 1, "{late:#?}");
+        assert!(late[0].contains("crash take-over"), "{late:#?}");
+        // A poll later (ttl/10 at 1 s) fails the quick run too.
+        assert_eq!(unmet_crash("MySqlTable", 100.0, true).len(), 1);
+        assert_eq!(unmet_crash("MySqlTable", 20.0, true), Vec::<String>::new());
+        // etcd deletes an expired key at its next sweep, up to 500 ms on.
+        assert_eq!(unmet_crash("Etcd", 400.0, false), Vec::<String>::new());
+        assert_eq!(unmet_crash("Etcd", 520.0, false).len(), 1);
+        // `PgAdvisory` has no expiry: not held to it.
+        assert_eq!(
+            unmet_crash("PgAdvisory", 100.0, false),
+            Vec::<String>::new()
+        );
+        // No crash samples on a backend with expiry: not met.
+        let mut none = handover(3.0);
+        none.crash.n = 0;
+        let m = Measured {
+            handover: Some(&none),
+            ..measured(None, &[])
+        };
+        assert_eq!(unmet("SqliteTable", m, false).len(), 1);
     }
 
     #[test]

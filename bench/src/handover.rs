@@ -264,6 +264,11 @@ async fn one_crash(
     if let Target::PgAdvisory(_, pool) = t {
         return advisory_crash(pool, waiter, held, name, ttl).await;
     }
+    // A crash falls at any instant: without this pause each sample would
+    // start right after the last take-over, in step with any periodic
+    // expiry sweep of the server (etcd's lessor checks every 500 ms), and
+    // report one point of that sweep's cycle instead of its spread.
+    tokio::time::sleep(Duration::from_secs(1).mul_f64(fraction())).await;
     let sent = Instant::now();
     if !t.acquire(name, "bench-crashed", ttl).await? {
         return Err(format!("the crashing holder could not acquire {name}").into());
@@ -421,7 +426,7 @@ pub(crate) fn report<'a>(
     let _ = writeln!(s, "\n### Hand-over: a waiting `acquire`\n");
     let _ = writeln!(
         s,
-        "One holder and one waiter, each a `Lease` of its own on the same backend value. The holder acquires; the waiter calls `acquire` (wait 30 s) and finds the lease held; the holder releases after a random part of a poll interval. Hand-over: from the holder's `release()` returning to the waiter's `acquire` returning. *Push*: the backend's `released` (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`, on a Redis Cluster too, which passes it to every node; `Etcd`'s watch); *polling*: the same waiter with the trait's default `released`, which waits the poll interval (ttl/10 = {} here, ±20%), as a backend without push does — the baseline, sampled interleaved with push. One round trip (RTT): the median of the backend's own acquire and release statements sent directly (the overhead section's floor), divided by their number (2; `Etcd`: 4, a grant and a transaction to acquire, a transaction and a revoke to release). Crash: a holder acquires through the backend and never renews nor releases (`PgAdvisory`: its session is terminated); from its expiry (its acquire sent + ttl of {}; `PgAdvisory`: the session's end) to the waiter's `acquire` returning — `Etcd`'s watch sees the expiry; elsewhere the waiter polls. Required: push p50 ≤ {} RTT on `PgTable`, `PgAdvisory`, `Redis`, `RedisCluster` and `Etcd`{}.\n",
+        "One holder and one waiter, each a `Lease` of its own on the same backend value. The holder acquires; the waiter calls `acquire` (wait 30 s) and finds the lease held; the holder releases after a random part of a poll interval. Hand-over: from the holder's `release()` returning to the waiter's `acquire` returning. *Push*: the backend's `released` (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`, on a Redis Cluster too, which passes it to every node; `Etcd`'s watch); *polling*: the same waiter with the trait's default `released`, which waits the poll interval (ttl/10 = {} here, ±20%), as a backend without push does — the baseline, sampled interleaved with push. One round trip (RTT): the median of the backend's own acquire and release statements sent directly (the overhead section's floor), divided by their number (2; `Etcd`: 4, a grant and a transaction to acquire, a transaction and a revoke to release). Crash: after a random pause of up to 1 s (so that crashes fall anywhere in a server's expiry sweep), a holder acquires through the backend and never renews nor releases (`PgAdvisory`: its session is terminated); from its expiry (its acquire sent + ttl of {}; `PgAdvisory`: the session's end) to the waiter's `acquire` returning — the waiter sleeps until the expiry its refused attempt reported, plus a jitter of at most 5 ms; on `Etcd` its watch sees the key deleted when etcd revokes the expired lease, which etcd's leader does from a sweep every 500 ms. Required: push p50 ≤ {} RTT on `PgTable`, `PgAdvisory`, `Redis`, `RedisCluster` and `Etcd`{}; crash take-over p50 ≤ 2 RTT + {} ms after the expiry on every backend with expiry (`Etcd`: + the 500 ms of its sweep).\n",
         ms(poll_interval(first.ttl)),
         ms(first.crash_ttl),
         if quick {
@@ -437,6 +442,12 @@ pub(crate) fn report<'a>(
         } else {
             String::new()
         },
+        if quick {
+            crate::checks::QUICK_CRASH_SLACK
+        } else {
+            crate::checks::CRASH_SLACK
+        }
+        .as_millis(),
     );
     let _ = writeln!(
         s,

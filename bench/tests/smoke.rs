@@ -62,6 +62,11 @@ async fn quick_mode_runs_and_meets_the_requirements() {
                 "hand-over p50 with push",
                 matches!(backend, "PgTable" | "PgAdvisory" | "Redis" | "RedisCluster"),
             ),
+            (
+                "handover",
+                "crash take-over p50 after the expiry",
+                backend != "PgAdvisory",
+            ),
             ("check_in", "check_in samples", table),
             (
                 "check_in",
