@@ -85,6 +85,28 @@ mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::Redis;
 
+/// The input checks of the engine, for a backend's own calls.
+///
+/// The built-in backends start each call with them, and a backend of your
+/// own should too: it may be called directly, not only through
+/// [`Lease`](crate::Lease), and a name a lenient server truncated would
+/// become another name.
+///
+/// # Examples
+///
+/// ```
+/// use leasehold::backend::validate;
+/// use leasehold::{Error, Request};
+/// use std::time::Duration;
+///
+/// let request = Request::new("report", "pod-a", Duration::from_secs(30)).value("10.0.0.1");
+/// assert!(validate::request(&request).is_ok());
+/// assert!(matches!(validate::name(""), Err(Error::InvalidName { len: 0 })));
+/// ```
+pub mod validate {
+    pub use crate::validate::{holder, name, request, ttl, value};
+}
+
 /// Storage for leases: one record per name, with a holder, an expiry and a
 /// fencing counter.
 ///
@@ -103,7 +125,12 @@ pub use self::redis::Redis;
 ///
 /// The engine validates names (1..=255 bytes), holders (1..=255 bytes) and ttls
 /// (10 ms..=24 h, whole milliseconds) before calling a backend, and applies its
-/// own timeouts; a backend need not repeat either.
+/// own timeouts; a backend need not repeat the timeouts. A backend is public,
+/// though, and is also called directly (an operator's `force_release`, a
+/// request with a value): it checks its own input with [`validate`], and
+/// answers an invalid name, holder, ttl or value with the matching `Invalid*`
+/// [`Error`]. The conformance suite (the `leasehold-conformance` crate)
+/// checks this for `force_release`, `force_release_now` and values.
 ///
 /// # Examples
 ///

@@ -1,11 +1,13 @@
 //! Input rules shared by the engine and every backend (`docs/ARCHITECTURE.md`,
 //! "Input rules"): the engine checks before it calls a backend, and each
 //! backend checks again with [`call`] / [`call_no_ttl`], since backends are
-//! public and may be called directly.
+//! public and may be called directly. The checks a third-party backend
+//! needs are public as `backend::validate` (`backend.rs`).
 
 use std::time::Duration;
 
 use crate::Error;
+use crate::backend::Request;
 
 /// Longest lease name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
@@ -16,24 +18,38 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// Longest accepted ttl.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// A name is 1..=255 bytes; its characters are data, never syntax.
-pub(crate) fn name(name: &str) -> Result<(), Error> {
+/// Checks a lease name: 1 to [`MAX_NAME_LEN`] bytes. Its characters are
+/// data, never syntax: any UTF-8 is a valid name.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] with the name's length in bytes.
+pub fn name(name: &str) -> Result<(), Error> {
     if name.is_empty() || name.len() > MAX_NAME_LEN {
         return Err(Error::InvalidName { len: name.len() });
     }
     Ok(())
 }
 
-/// A holder is 1..=255 bytes.
-pub(crate) fn holder(holder: &str) -> Result<(), Error> {
+/// Checks a holder identity: 1 to [`MAX_HOLDER_LEN`] bytes.
+///
+/// # Errors
+///
+/// [`Error::InvalidHolder`] with the holder's length in bytes.
+pub fn holder(holder: &str) -> Result<(), Error> {
     if holder.is_empty() || holder.len() > MAX_HOLDER_LEN {
         return Err(Error::InvalidHolder { len: holder.len() });
     }
     Ok(())
 }
 
-/// A ttl is whole milliseconds in `MIN_TTL..=MAX_TTL`.
-pub(crate) fn ttl(ttl: Duration) -> Result<(), Error> {
+/// Checks a ttl: whole milliseconds, from [`MIN_TTL`] to [`MAX_TTL`]
+/// (both included).
+///
+/// # Errors
+///
+/// [`Error::InvalidTtl`] with the ttl.
+pub fn ttl(ttl: Duration) -> Result<(), Error> {
     if ttl < MIN_TTL || ttl > MAX_TTL || !ttl.subsec_nanos().is_multiple_of(1_000_000) {
         return Err(Error::InvalidTtl { ttl });
     }
@@ -71,10 +87,39 @@ pub(crate) fn once_per(period: Duration) -> Result<(), Error> {
     Ok(())
 }
 
-/// A proclaimed value is at most [`MAX_VALUE_LEN`] bytes.
-pub(crate) fn value(value: &str) -> Result<(), Error> {
+/// Checks a value to publish with a lease ([`Request::value`],
+/// [`Backend::publish`](crate::Backend::publish)): at most
+/// [`MAX_VALUE_LEN`] bytes.
+///
+/// # Errors
+///
+/// [`Error::InvalidValue`] with the value's length in bytes.
+pub fn value(value: &str) -> Result<(), Error> {
     if value.len() > MAX_VALUE_LEN {
         return Err(Error::InvalidValue { len: value.len() });
+    }
+    Ok(())
+}
+
+/// Checks everything an acquisition request carries, as
+/// [`Lease`](crate::Lease) checks it before it calls a backend: [`name`],
+/// [`holder`], [`ttl`], the period of [`Request::once_per`] (whole
+/// milliseconds from 1 ms to [`MAX_PERIOD`]) and [`Request::value`].
+///
+/// # Errors
+///
+/// The first that fails: [`Error::InvalidName`], [`Error::InvalidHolder`],
+/// [`Error::InvalidTtl`], [`Error::InvalidDuration`] (the period) or
+/// [`Error::InvalidValue`].
+pub fn request(request: &Request<'_>) -> Result<(), Error> {
+    name(request.name)?;
+    holder(request.holder)?;
+    ttl(request.ttl)?;
+    if let Some(once_per) = request.once_per {
+        self::once_per(once_per.period)?;
+    }
+    if let Some(value) = request.value {
+        self::value(value)?;
     }
     Ok(())
 }
@@ -156,6 +201,38 @@ mod tests {
             Err(Error::InvalidHolder { len: 0 })
         ));
         assert!(call_no_ttl(&"x".repeat(255), &"y".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn requests() {
+        let ok = Request::new("n", "h", Duration::from_secs(1));
+        assert!(request(&ok).is_ok());
+        let once = crate::backend::OncePer::new(MAX_PERIOD);
+        assert!(request(&ok.once_per(once).value(&"v".repeat(MAX_VALUE_LEN))).is_ok());
+        assert!(matches!(
+            request(&Request::new("", "h", Duration::from_secs(1))),
+            Err(Error::InvalidName { len: 0 })
+        ));
+        assert!(matches!(
+            request(&Request::new("n", "", Duration::from_secs(1))),
+            Err(Error::InvalidHolder { len: 0 })
+        ));
+        assert!(matches!(
+            request(&Request::new("n", "h", Duration::ZERO)),
+            Err(Error::InvalidTtl { .. })
+        ));
+        let too_long = crate::backend::OncePer::new(MAX_PERIOD + Duration::from_millis(1));
+        assert!(matches!(
+            request(&ok.once_per(too_long)),
+            Err(Error::InvalidDuration {
+                argument: "once_per",
+                ..
+            })
+        ));
+        assert!(matches!(
+            request(&ok.value(&"v".repeat(MAX_VALUE_LEN + 1))),
+            Err(Error::InvalidValue { len }) if len == MAX_VALUE_LEN + 1
+        ));
     }
 
     #[test]

@@ -144,6 +144,7 @@ impl Backend for Memory {
     }
 
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
+        validate::request(&request)?;
         let Request {
             name,
             holder,
@@ -152,10 +153,6 @@ impl Backend for Memory {
             value,
             ..
         } = request;
-        validate::call(name, holder, ttl)?;
-        if let Some(value) = value {
-            validate::value(value)?;
-        }
         let now = Instant::now();
         let slot = once_per.map(|o| o.slot_at(self.clock_ms()));
         let mut rows = self.rows();

@@ -22,6 +22,7 @@ impl Subject for MemorySubject {
 }
 
 pub(crate) async fn memory() -> Option<MemorySubject> {
+    lease_tests::init_tracing();
     Some(MemorySubject(Memory::new()))
 }
 
@@ -85,6 +86,7 @@ table_subject!(MySqlTable);
 table_subject!(SqliteTable);
 
 pub(crate) async fn sqlite() -> Option<TableSubject<SqliteTable>> {
+    lease_tests::init_tracing();
     let file = TempDb::new("conformance");
     let table = SqliteTable::open(file.path())
         .await
@@ -92,28 +94,27 @@ pub(crate) async fn sqlite() -> Option<TableSubject<SqliteTable>> {
     let steal = "UPDATE {table} SET holder = ?2, fence = fence + 1, \
                  expires_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 60000 \
                  WHERE name = ?1";
-    Some(TableSubject::new(table, steal, TABLE_LIKE, Some(file)))
+    Some(TableSubject::new(table, steal, Caps::new(), Some(file)))
 }
 
 pub(crate) async fn postgres() -> Option<TableSubject<PgTable>> {
+    lease_tests::init_tracing();
     let table = PgTable::new(lease_tests::postgres().await?);
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET holder = $2, fence = fence + 1, \
                  expires_at = clock_timestamp() + interval '1 minute' WHERE name = $1";
     // Releases are pushed (`NOTIFY`).
-    let caps = Caps {
-        pushes: true,
-        ..TABLE_LIKE
-    };
+    let caps = Caps::new().with_pushes(true);
     Some(TableSubject::new(table, steal, caps, None))
 }
 
 pub(crate) async fn mysql() -> Option<TableSubject<MySqlTable>> {
+    lease_tests::init_tracing();
     let table = MySqlTable::new(lease_tests::mysql().await?);
     table.ensure_schema().await.expect("ensure_schema");
     let steal = "UPDATE {table} SET fence = fence + 1, holder = ?, \
                  expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = ?";
-    Some(TableSubject::new(table, steal, TABLE_LIKE, None))
+    Some(TableSubject::new(table, steal, Caps::new(), None))
 }
 
 /// `PgAdvisory`: no fencing token (unless `with_fencing`) and no expiry
@@ -188,16 +189,16 @@ impl Subject for PgAdvisorySubject {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            fencing: self.backend.fence_table().is_some(),
-            expires: false,
-            pushes: true,
-            leader: Naming::Session,
+        Caps::new()
+            .with_fencing(self.backend.fence_table().is_some())
+            .with_expires(false)
+            .with_pushes(true)
+            .with_leader(Naming::Session)
             // No slot ledger, no values; no lock delay (the lock ends with
             // its session): only `force_release_now`, which ends it.
-            force_now: true,
-            ..ROUND_TWO
-        }
+            .with_once_per(false)
+            .with_values(false)
+            .with_lock_delay(false)
     }
 
     async fn steal(&self, name: &str, thief: &str) {
@@ -260,6 +261,7 @@ impl Subject for PgAdvisorySubject {
 }
 
 pub(crate) async fn pg_advisory() -> Option<PgAdvisorySubject> {
+    lease_tests::init_tracing();
     let admin = lease_tests::postgres().await?;
     // One connection per held lock: room for 16 contenders, and for the 40
     // names `names_are_data` holds at once plus an intruder's attempt.
@@ -312,22 +314,20 @@ impl Subject for RedisSubject {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            fencing: !self.go,
-            expires: true,
+        let leader = if self.go {
+            Naming::OwnHolders
+        } else {
+            Naming::Holder
+        };
+        Caps::new()
+            .with_fencing(!self.go)
             // Subscribed (`Redis::with_pubsub`): the release script publishes.
-            pushes: true,
-            leader: if self.go {
-                Naming::OwnHolders
-            } else {
-                Naming::Holder
-            },
+            .with_pushes(true)
+            .with_leader(leader)
             // The Go locker's protocol has no room for a slot or a value
             // (`Error::Unsupported`); both force releases work on it.
-            once_per: !self.go,
-            values: !self.go,
-            ..TABLE_LIKE
-        }
+            .with_once_per(!self.go)
+            .with_values(!self.go)
     }
 
     async fn steal(&self, name: &str, thief: &str) {
@@ -380,6 +380,7 @@ pub(crate) fn pubsub() -> ::redis::Client {
 }
 
 pub(crate) async fn redis() -> Option<RedisSubject> {
+    lease_tests::init_tracing();
     let pool = lease_tests::redis().await?;
     Some(RedisSubject {
         backend: Redis::new(pool.clone()).with_pubsub(pubsub()),
@@ -390,6 +391,7 @@ pub(crate) async fn redis() -> Option<RedisSubject> {
 
 /// `Redis` in the Go locker's protocol, with a prefix of its own.
 pub(crate) async fn redis_go_locker() -> Option<RedisSubject> {
+    lease_tests::init_tracing();
     let pool = lease_tests::redis().await?;
     let backend = Redis::new(pool.clone())
         .with_prefix("lease-go-locker:")
@@ -419,136 +421,6 @@ pub(crate) struct EtcdSubject {
     client: leasehold::etcd_client::Client,
 }
 
-/// A backend whose fencing tokens are those of `B` ranked per name: the
-/// `n`th distinct token `B` handed out for a name is `n`. Panics if `B`
-/// hands out a token below the largest it handed out for that name (and
-/// for a token it never handed out in a renew or release).
-#[derive(Clone)]
-pub(crate) struct Ordinal<B> {
-    inner: B,
-    /// Per name, the tokens of `B` in the order they were seen (ascending).
-    seen: Arc<std::sync::Mutex<std::collections::HashMap<String, Vec<u64>>>>,
-}
-
-impl<B> Ordinal<B> {
-    fn new(inner: B) -> Self {
-        Self {
-            inner,
-            seen: Arc::default(),
-        }
-    }
-
-    /// The rank of `raw` among the tokens of `name`, recording it if new.
-    fn rank(&self, name: &str, raw: u64) -> u64 {
-        let mut seen = self.seen.lock().unwrap();
-        let tokens = seen.entry(name.to_owned()).or_default();
-        if let Some(i) = tokens.iter().position(|&t| t == raw) {
-            return i as u64 + 1;
-        }
-        if let Some(&last) = tokens.last() {
-            assert!(
-                raw > last,
-                "{name:?}: fencing token {raw} after {last}: tokens must strictly grow"
-            );
-        }
-        tokens.push(raw);
-        tokens.len() as u64
-    }
-
-    /// The token of `B` whose rank is `rank` (none for an unknown rank: such
-    /// a token was never handed out, and matches nothing).
-    fn raw(&self, lease: Acquisition<'_>) -> Option<u64> {
-        let rank = usize::try_from(lease.fencing_token?).ok()?;
-        let seen = self.seen.lock().unwrap();
-        let tokens = seen.get(lease.name)?;
-        rank.checked_sub(1).and_then(|i| tokens.get(i)).copied()
-    }
-
-    /// `info` with its fencing token ranked.
-    fn ranked(&self, mut info: LeaseInfo) -> LeaseInfo {
-        info.fencing_token = info.fencing_token.map(|raw| self.rank(&info.name, raw));
-        info
-    }
-
-    fn unranked<'a>(&self, lease: Acquisition<'a>) -> Acquisition<'a> {
-        // An unknown rank becomes a token no acquisition has (0).
-        let raw = self.raw(lease).or(lease.fencing_token.map(|_| 0));
-        Acquisition::new(lease.name, lease.holder, raw)
-    }
-}
-
-impl<B: Backend + Clone> Backend for Ordinal<B> {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
-        let grant = self.inner.acquire(name, holder, ttl).await?;
-        Ok(grant.map(|g| Grant::new(g.fencing_token.map(|raw| self.rank(name, raw)))))
-    }
-
-    async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
-        self.inner.renew(self.unranked(lease), ttl).await
-    }
-
-    async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
-        self.inner.release(self.unranked(lease)).await
-    }
-
-    async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
-        let leases: Vec<_> = leases
-            .iter()
-            .map(|&(lease, ttl)| (self.unranked(lease), ttl))
-            .collect();
-        self.inner.renew_many(&leases).await
-    }
-
-    async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
-        let info = self.inner.inspect(name).await?;
-        Ok(info.map(|i| self.ranked(i)))
-    }
-
-    async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
-        let listed = self.inner.list().await?;
-        Ok(listed.into_iter().map(|i| self.ranked(i)).collect())
-    }
-
-    fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
-        self.inner.released(name, poll)
-    }
-
-    fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
-        self.inner.lost(self.unranked(lease))
-    }
-
-    async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
-        Ok(match self.inner.acquire_with(request).await? {
-            Acquired::Granted(mut grant) => {
-                grant.fencing_token = grant.fencing_token.map(|raw| self.rank(request.name, raw));
-                Acquired::Granted(grant)
-            }
-            other => other,
-        })
-    }
-
-    async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
-        self.inner.release_ran(self.unranked(lease), slot).await
-    }
-
-    async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
-        self.inner.publish(self.unranked(lease), value).await
-    }
-
-    async fn force_release(&self, name: &str) -> Result<bool, Error> {
-        self.inner.force_release(name).await
-    }
-
-    async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
-        self.inner.force_release_now(name).await
-    }
-}
-
 impl Subject for EtcdSubject {
     type B = Ordinal<Etcd>;
 
@@ -558,10 +430,7 @@ impl Subject for EtcdSubject {
 
     /// Waiters learn of a release through the backend's watch.
     fn caps(&self) -> Caps {
-        Caps {
-            pushes: true,
-            ..TABLE_LIKE
-        }
+        Caps::new().with_pushes(true)
     }
 
     /// etcd rounds a ttl up to whole seconds (at least 1 s on the test
@@ -579,7 +448,7 @@ impl Subject for EtcdSubject {
     async fn steal(&self, name: &str, thief: &str) {
         use leasehold::etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
         let mut client = self.client.clone();
-        let key = self.backend.inner.key(name);
+        let key = self.backend.inner().key(name);
         let held = client.get(key.clone(), None).await.expect("get");
         for kv in held.kvs() {
             client.lease_revoke(kv.lease()).await.expect("revoke");
@@ -604,6 +473,7 @@ impl Subject for EtcdSubject {
 }
 
 pub(crate) async fn etcd() -> Option<EtcdSubject> {
+    lease_tests::init_tracing();
     let cluster = lease_tests::clusters::etcd_cluster()?;
     let backend = Etcd::connect(cluster.endpoints())
         .await
@@ -633,12 +503,9 @@ impl Subject for RedisClusterSubject {
     }
 
     fn caps(&self) -> Caps {
-        Caps {
-            // Subscribed (`Redis::with_pubsub`, to one node): `PUBLISH`
-            // reaches subscribers on every node of the cluster.
-            pushes: true,
-            ..TABLE_LIKE
-        }
+        // Subscribed (`Redis::with_pubsub`, to one node): `PUBLISH`
+        // reaches subscribers on every node of the cluster.
+        Caps::new().with_pushes(true)
     }
 
     async fn steal(&self, name: &str, thief: &str) {
@@ -665,6 +532,7 @@ impl Subject for RedisClusterSubject {
 }
 
 pub(crate) async fn redis_cluster() -> Option<RedisClusterSubject> {
+    lease_tests::init_tracing();
     let cluster = lease_tests::clusters::redis_cluster()?;
     let nodes = cluster.nodes();
     let backend = Redis::cluster(&nodes)

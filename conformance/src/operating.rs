@@ -1,6 +1,14 @@
-//! Operating: `list`, `force_release`.
+//! What an operator does ([`Backend::list`], [`Backend::force_release`],
+//! [`Backend::force_release_now`]): the `operating` group. A backend
+//! without them must refuse them with `Error::Unsupported`, as
+//! [`Caps`](crate::Caps) says.
 
-use super::*;
+use leasehold::{Backend, Error};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::elections::SLACK;
+use crate::support::{LONG, TTL, acquire, acquired, lease, ms, release, unique};
+use crate::{Naming, Subject};
 
 /// `force_release` evicts whoever holds a lease, with a lock
 /// delay. The holder's token fires at its next renewal (within ttl/3); nobody
@@ -8,7 +16,7 @@ use super::*;
 /// after the evicted holder's own release), while `inspect` reports it
 /// `forced` with the fence kept; then the next holder gets a larger fence.
 /// A forced or free name answers `false`.
-pub(crate) async fn force_release_keeps_a_lock_delay<S: Subject>(s: &S) {
+pub async fn force_release_keeps_a_lock_delay<S: Subject>(s: &S) {
     if !s.caps().lock_delay {
         return;
     }
@@ -81,7 +89,7 @@ pub(crate) async fn take_when_free(b: &impl Backend, name: &str, deadline: Insta
 /// granted at once with a larger fence, the evicted holder's token fires
 /// at its next renewal, and its release does not end the next holder's
 /// lease. A free name answers `false`.
-pub(crate) async fn force_release_now_hands_over_at_once<S: Subject>(s: &S) {
+pub async fn force_release_now_hands_over_at_once<S: Subject>(s: &S) {
     let b = s.backend();
     let name = unique("forced-now");
     if !s.caps().force_now {
@@ -132,7 +140,7 @@ pub(crate) async fn force_release_now_hands_over_at_once<S: Subject>(s: &S) {
 
 /// `list` shows every held lease with its holder; a backend that keeps
 /// released leases (with expiry and fencing) lists them as not held.
-pub(crate) async fn list_shows_held_and_released_leases<S: Subject>(s: &S) {
+pub async fn list_shows_held_and_released_leases<S: Subject>(s: &S) {
     let (kept, freed) = (unique("listed-held"), unique("listed-freed"));
     let b = s.backend();
     let kept_fence = acquired(&b, &kept, "holder-a", LONG).await;

@@ -1,9 +1,18 @@
-//! Leaders that say where they are: `Election::proclaim`,
-//! `Leadership::Following { value }`, `Lease::observe`.
+//! Leaders that say where they are ([`Election::proclaim`](leasehold::Election::proclaim),
+//! `Leadership::Following { value }`) and observers
+//! ([`Lease::observe`](leasehold::Lease::observe)), in the `extended`
+//! group. A backend without values ([`Caps::values`] false) must refuse
+//! them with `Error::Unsupported`.
 
-use leasehold::{MAX_VALUE_LEN, Observed};
+use std::time::Duration;
 
-use super::*;
+use leasehold::{Acquisition, Backend, Error, Leadership, MAX_VALUE_LEN, Observed, Request};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::elections::{SLACK, WAITED, assert_follows, hand_over_bound, hand_over_kind, subscribe};
+use crate::support::{LONG, TTL, acquired, lease, ms, release, unique};
+use crate::{Caps, Naming, Subject};
 
 /// How often an observer asks when nothing wakes it sooner
 /// (`Lease::observe`).
@@ -11,7 +20,7 @@ const OBSERVE_POLL: Duration = Duration::from_secs(1);
 
 /// A value over 4 KiB is refused (`Error::InvalidValue`), by an election
 /// and by the backend; one of 4 KiB is not.
-pub(crate) async fn a_value_over_4_kib_is_invalid<S: Subject>(s: &S) {
+pub async fn a_value_over_4_kib_is_invalid<S: Subject>(s: &S) {
     let name = unique("value-size");
     let election = lease(s, "leader-a").elect(&name, LONG);
     let over = "v".repeat(MAX_VALUE_LEN + 1);
@@ -53,7 +62,7 @@ pub(crate) async fn a_value_over_4_kib_is_invalid<S: Subject>(s: &S) {
 /// proclaimed while leading reaches the follower about one round trip
 /// later where the server pushes, else within a poll. Without values, the
 /// backend refuses both ways of writing one.
-pub(crate) async fn a_follower_sees_the_leaders_value<S: Subject>(s: &S) {
+pub async fn a_follower_sees_the_leaders_value<S: Subject>(s: &S) {
     let name = unique("proclaim");
     let b = s.backend();
     if !s.caps().values {
@@ -145,7 +154,7 @@ fn shows<S: Subject>(s: &S, o: &Observed, holder: &str, value: Option<&str>) -> 
 /// the backend has values), then its hand-over to a new holder within a
 /// poll; it never contends: `inspect` never names it, and it holds
 /// nothing.
-pub(crate) async fn an_observer_sees_the_holder_and_the_hand_over<S: Subject>(s: &S) {
+pub async fn an_observer_sees_the_holder_and_the_hand_over<S: Subject>(s: &S) {
     let name = unique("observed");
     let b = s.backend();
     let observer = lease(s, "observer");

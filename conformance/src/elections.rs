@@ -1,6 +1,15 @@
-//! Waiting (`Lease::acquire`) and elections.
+//! Waiting ([`Lease::acquire`](leasehold::Lease::acquire) with a wait) and
+//! elections ([`Election`]), in the `every` group; and a waiter granted at
+//! a crashed holder's expiry, in the `extended` group.
 
-use super::*;
+use std::time::Duration;
+
+use leasehold::{Backend, Election, Leadership};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::support::{LONG, TTL, acquired, fence, lease, ms, unique};
+use crate::{Naming, Subject};
 
 /// How long a waiter has waited when the holder lets go, in the hand-over
 /// properties: long enough to have tried once and gone to sleep.
@@ -141,7 +150,7 @@ pub(crate) async fn check_one_leader(monitor: JoinHandle<Result<(), String>>) {
 /// round trip after the release where the server pushes it, within a poll
 /// elsewhere — long before the ttl (30 s) would have freed it. Both ways
 /// between two holders.
-pub(crate) async fn a_waiter_has_a_released_lease_at_once<S: Subject>(s: &S) {
+pub async fn a_waiter_has_a_released_lease_at_once<S: Subject>(s: &S) {
     let name = unique("wait-hand-over");
     let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
     let bound = hand_over_bound(s, LONG);
@@ -179,7 +188,7 @@ pub(crate) async fn a_waiter_has_a_released_lease_at_once<S: Subject>(s: &S) {
 /// A wait that runs out while another holds the lease answers `None` after
 /// the wait, and changes nothing; a wait that is dropped leaves nothing
 /// behind.
-pub(crate) async fn a_wait_runs_out_while_another_holds<S: Subject>(s: &S) {
+pub async fn a_wait_runs_out_while_another_holds<S: Subject>(s: &S) {
     let name = unique("wait-timeout");
     let (a, b) = (lease(s, "holder-a"), lease(s, "holder-b"));
     let held = a.try_acquire(&name, LONG).await.unwrap().expect("free");
@@ -221,7 +230,7 @@ pub(crate) async fn a_wait_runs_out_while_another_holds<S: Subject>(s: &S) {
 /// A holder that crashed (it acquired, and nothing renews or releases its
 /// lease) blocks a waiter until its lease ends — at the ttl, or, without
 /// expiry, with its session — and the waiter has it about a poll later.
-pub(crate) async fn a_waiter_takes_over_from_a_crashed_holder<S: Subject>(s: &S) {
+pub async fn a_waiter_takes_over_from_a_crashed_holder<S: Subject>(s: &S) {
     let name = unique("wait-crash");
     let ttl = TTL; // a poll of 200 ms ± 20%
     let b = s.backend();
@@ -292,7 +301,7 @@ pub(crate) async fn an_election_hands_over<S: Subject>(s: &S, resign: bool) {
     assert!(first.is_leader() && !second.is_leader());
     sleep(WAITED).await;
     assert!(!second.is_leader(), "the second leads while the first does");
-    // The leader's work stops with its term (§6.1: the lease passes on only
+    // The leader's work stops with its term (the lease passes on only
     // once every clone of the Term is dropped).
     let (token, fence) = (term.token(), term.fencing_token());
     drop(term);
@@ -328,18 +337,25 @@ pub(crate) async fn an_election_hands_over<S: Subject>(s: &S, resign: bool) {
     check_one_leader(monitor).await;
 }
 
-pub(crate) async fn an_election_hands_over_on_resign<S: Subject>(s: &S) {
+/// Two elections of one name: the first leads, the second follows it
+/// (naming it as far as the backend can, [`Naming`]), and leads once the
+/// first resigns — about one round trip later where the server pushes
+/// releases, else within a poll — with a larger fencing token; never do
+/// both lead.
+pub async fn an_election_hands_over_on_resign<S: Subject>(s: &S) {
     an_election_hands_over(s, true).await;
 }
 
-pub(crate) async fn an_election_hands_over_on_drop<S: Subject>(s: &S) {
+/// As [`an_election_hands_over_on_resign`], with the leader's election
+/// dropped instead of resigned: it releases in the background, as fast.
+pub async fn an_election_hands_over_on_drop<S: Subject>(s: &S) {
     an_election_hands_over(s, false).await;
 }
 
 /// A leader whose lease is stolen: its term's token fires, it stops
 /// leading and follows the thief; it contends again, and leads again
 /// (with a larger fence) about a poll after the thief lets go.
-pub(crate) async fn an_election_contends_again_after_a_steal<S: Subject>(s: &S) {
+pub async fn an_election_contends_again_after_a_steal<S: Subject>(s: &S) {
     let name = unique("elect-steal");
     let ttl = ms(1_500); // renewed every 500 ms; a poll of 150 ms ± 20%
     let election = lease(s, "leader-a").elect(&name, ttl);
@@ -400,7 +416,7 @@ pub(crate) async fn an_election_contends_again_after_a_steal<S: Subject>(s: &S) 
 /// and within two round trips (plus 300 ms for a loaded machine) of the
 /// latest the server may expire it. The waiter's own ttl is long, so that
 /// its poll (1 s ± 20%) would mostly come later than that.
-pub(crate) async fn a_waiter_is_granted_at_a_crashed_holders_expiry<S: Subject>(s: &S) {
+pub async fn a_waiter_is_granted_at_a_crashed_holders_expiry<S: Subject>(s: &S) {
     if !s.caps().expires {
         return; // a lease without expiry ends with its session: above
     }

@@ -1,10 +1,17 @@
-//! Once per schedule slot: `Job::once_per`, `retry_failed`,
-//! `Backend::acquire_with` with a slot.
+//! Once per schedule slot ([`Job::once_per`](leasehold::Job::once_per),
+//! `retry_failed`, [`Backend::acquire_with`] with a slot), in the
+//! `extended` group. A backend without slots
+//! ([`Caps::once_per`](crate::Caps::once_per) false)
+//! must refuse them with `Error::Unsupported`.
 
-use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::*;
+use leasehold::{Acquired, Backend, Error, Lease, OncePer, Outcome, Request, Skip};
+use tokio::time::{Instant, sleep};
+
+use crate::Subject;
+use crate::support::{LONG, TTL, acq, lapse, lease, ms, unique};
 
 /// A period whose slot does not change during a test (a year and a day:
 /// one slot boundary a year).
@@ -58,7 +65,7 @@ fn now_ms() -> u64 {
 /// runs exactly once, on one replica or the other; slots only go up; and a
 /// slot is `floor(clock / period)` (the backend's clock, here the host's,
 /// give or take a slot).
-pub(crate) async fn each_slot_runs_once_across_skewed_ticks<S: Subject>(s: &S) {
+pub async fn each_slot_runs_once_across_skewed_ticks<S: Subject>(s: &S) {
     let name = unique("once-per");
     if refused_without_a_ledger(s, &name).await {
         return;
@@ -110,7 +117,7 @@ pub(crate) async fn each_slot_runs_once_across_skewed_ticks<S: Subject>(s: &S) {
 /// acquired, and never renews or releases) or fails is not run again in
 /// its slot, by anyone, while its lease lives or after; `inspect` shows
 /// the slot. A plain acquisition of the name is not refused.
-pub(crate) async fn a_crashed_or_failed_run_does_not_run_its_slot_again<S: Subject>(s: &S) {
+pub async fn a_crashed_or_failed_run_does_not_run_its_slot_again<S: Subject>(s: &S) {
     let name = unique("once-crash");
     if refused_without_a_ledger(s, &name).await {
         return;
@@ -171,7 +178,7 @@ pub(crate) async fn a_crashed_or_failed_run_does_not_run_its_slot_again<S: Subje
 /// With `retry_failed` a slot is recorded only when its run succeeds: a
 /// run that crashed or failed (its body returned `Err`) runs again in its
 /// slot, on any replica; once one has succeeded, the slot is refused.
-pub(crate) async fn retry_failed_runs_a_failed_slot_again<S: Subject>(s: &S) {
+pub async fn retry_failed_runs_a_failed_slot_again<S: Subject>(s: &S) {
     let name = unique("once-retry");
     if refused_without_a_ledger(s, &name).await {
         return;

@@ -1,9 +1,21 @@
-//! Properties of every backend through the engine (`Lease`: renewals,
-//! shutdown, batches), and of fenced backends.
+//! Through the engine ([`Lease`]: renewals, loss, shutdown, batches of
+//! renewals), in the `every` group; and the `fenced` group, for backends
+//! with fencing tokens.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-pub(crate) async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
+use futures_util::future::join_all;
+use leasehold::{Acquisition, Backend, Lease, Outcome, Skip};
+use tokio::sync::Notify;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Subject;
+use crate::support::{LONG, TTL, acquire, acquired, lease, ms, release, renew, unique};
+
+/// Sixteen `Lease`s run `with_lease` on one name at once, ten times: never
+/// do two bodies run at once, and each round runs one.
+pub async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
     let name = unique("with-lease");
     let running = Arc::new(AtomicUsize::new(0));
     let ran = Arc::new(AtomicUsize::new(0));
@@ -33,7 +45,11 @@ pub(crate) async fn one_runner_among_sixteen_with_lease<S: Subject>(s: &S) {
     );
 }
 
-pub(crate) async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
+/// A lease stolen behind its holder's back ([`Subject::steal`]): the
+/// guard's token fires at the next renewal (within ttl/3, plus 500 ms for
+/// a loaded machine), the guard is no longer valid, and its release does
+/// not free the thief's lease.
+pub async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
     let name = unique("stolen");
     let ttl = ms(1_500);
     let holder = lease(s, "holder-a");
@@ -63,7 +79,9 @@ pub(crate) async fn a_stolen_lease_cancels_the_token<S: Subject>(s: &S) {
     );
 }
 
-pub(crate) async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
+/// A guard dropped without `release` frees the lease in the background:
+/// another holder has it within a second.
+pub async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
     let name = unique("dropped");
     let a = lease(s, "holder-a");
     let b = lease(s, "holder-b");
@@ -80,18 +98,18 @@ pub(crate) async fn a_dropped_guard_frees_the_lease<S: Subject>(s: &S) {
     }
 }
 
-/// Issue 28, point 2: `shutdown` cancels the token and keeps
-/// the lease while the body winds down (400 ms, within its grace of ttl/3),
-/// releasing it only once the body has returned: another holder trying all
-/// along never gets it while the body runs. Causal, not timed: the body
-/// sets a flag before it returns, and the other holder checks it the moment
-/// it gets the lease.
-pub(crate) async fn shutdown_hands_over_only_after_the_body_returned<S: Subject>(s: &S) {
+/// `shutdown` cancels the token and keeps the lease while the body winds
+/// down (400 ms, within its grace of ttl/3), releasing it only once the
+/// body has returned: another holder trying all along never gets it while
+/// the body runs.
+pub async fn shutdown_hands_over_only_after_the_body_returned<S: Subject>(s: &S) {
+    // Issue 28, point 2. Causal, not timed: the body sets a flag before it
+    // returns, and the other holder checks it the moment it gets the lease.
     let name = unique("shutdown-body");
     let a = lease(s, "holder-a");
     let b = lease(s, "holder-b");
-    let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let started = Arc::new(tokio::sync::Notify::new());
+    let returned = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(Notify::new());
     let job = tokio::spawn({
         let (a, name, returned, started) =
             (a.clone(), name.clone(), returned.clone(), started.clone());
@@ -127,17 +145,18 @@ pub(crate) async fn shutdown_hands_over_only_after_the_body_returned<S: Subject>
     timeout(LONG, shutdown).await.unwrap().unwrap();
 }
 
-/// Issue 28, point 2: a body that ignores its token does not
-/// make `shutdown` hang — it returns once the grace (ttl/3) is over, within
-/// the grace plus a release's time limit — and its lease is left
-/// unreleased: another holder gets it only once it has expired on the
-/// server (no sooner than a ttl after the acquisition was sent), and, where
-/// leases do not expire (`PgAdvisory`), not while the body runs.
-pub(crate) async fn shutdown_leaves_a_body_that_ignores_its_token_to_expire<S: Subject>(s: &S) {
+/// A body that ignores its token does not make `shutdown` hang — it
+/// returns once the grace (ttl/3) is over, within the grace plus a
+/// release's time limit — and its lease is left unreleased: another holder
+/// gets it only once it has expired on the server (no sooner than a ttl
+/// after the acquisition was sent), and, where leases do not expire, not
+/// while the body runs.
+pub async fn shutdown_leaves_a_body_that_ignores_its_token_to_expire<S: Subject>(s: &S) {
+    // Issue 28, point 2.
     let name = unique("shutdown-stubborn");
     let a = lease(s, "holder-a");
     let b = lease(s, "holder-b");
-    let started = Arc::new(tokio::sync::Notify::new());
+    let started = Arc::new(Notify::new());
     let sent = Instant::now();
     let job = tokio::spawn({
         let (a, name, started) = (a.clone(), name.clone(), started.clone());
@@ -194,7 +213,9 @@ pub(crate) async fn shutdown_leaves_a_body_that_ignores_its_token_to_expire<S: S
     }
 }
 
-pub(crate) async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
+/// A body that runs for 1.5 ttls keeps its lease: the engine renews it,
+/// the token does not fire, and another holder is refused.
+pub async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
     let name = unique("renewed");
     let ttl = TTL;
     let a = lease(s, "holder-a");
@@ -218,7 +239,7 @@ pub(crate) async fn a_held_lease_is_renewed_past_its_ttl<S: Subject>(s: &S) {
 /// released, superseded and never-existing names: which acquisitions are
 /// current and live must come back `true`, in order, and only those must be
 /// extended; nothing is inserted.
-pub(crate) async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
+pub async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
     let b = s.backend();
     let holder = unique("holder");
     let thief = unique("thief");
@@ -315,9 +336,8 @@ pub(crate) async fn each_lease_learns_its_own_fate<S: Subject>(s: &S) {
 /// delivered it after the same holder acquired the name again) must not end
 /// the newer acquisition: release concerns one acquisition, told apart by
 /// its fencing token. (Backends without fencing tokens cannot tell the two
-/// acquisitions of one holder apart; `late_release.rs` plays the story
-/// through a fault proxy on the servers.)
-pub(crate) async fn a_late_release_leaves_a_newer_acquisition<S: Subject>(s: &S) {
+/// acquisitions of one holder apart.) The `fenced` group.
+pub async fn a_late_release_leaves_a_newer_acquisition<S: Subject>(s: &S) {
     assert!(s.caps().fencing, "for backends with fencing tokens");
     let b = s.backend();
     let name = unique("late-release");
