@@ -70,8 +70,7 @@ mod pg_advisory;
 #[cfg(feature = "postgres")]
 pub use pg_advisory::PgAdvisory;
 
-#[cfg(any(feature = "postgres", feature = "redis", feature = "etcd"))]
-mod push;
+pub mod push;
 
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
@@ -306,7 +305,8 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// The default simply waits `poll` (polling). A backend whose server can
     /// push releases (PostgreSQL `NOTIFY`, Redis `PUBLISH`) overrides it to
-    /// resolve about one round trip after a release. An override must
+    /// resolve about one round trip after a release ([`push::Push`] does
+    /// this for a subscription to the server's notifications). An override must
     /// register its interest when it is *called*, not when the future is
     /// first polled: the engine calls it before each attempt and awaits it
     /// after a failed one, so that a release in between is not missed.

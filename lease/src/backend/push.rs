@@ -1,32 +1,81 @@
-//! Waking waiters when the server pushes a release ([`Backend::released`]):
-//! the part that PostgreSQL's `LISTEN/NOTIFY` (`push/pg.rs`, for `PgTable`
-//! and `PgAdvisory`), Redis' pub/sub (in `redis.rs`) and etcd's watch
-//! (`etcd/watch.rs`, whose holders listen on the same subscription:
-//! [`Source::busy`], [`Push::listen`]) share.
+//! Waking waiters when the server pushes a release
+//! ([`Backend::released`]): the hub that every built-in backend with push
+//! uses, public for a backend of your own.
 //!
-//! A backend value owns one [`Push`] (its clones share it). The first
-//! waiter starts one task, on the waiter's runtime, that keeps one
-//! subscribed connection ([`Source::subscribe`]) and wakes the waiters of
-//! each key a message names ([`Hub::wake`]). Waiters register in
-//! [`Push::released`] itself, before its future is polled: a
-//! [`Notify::notified_owned`] future receives [`Notify::notify_waiters`]
-//! from the moment it is created.
+//! A backend value owns one [`Push`] over its [`Source`] (a server
+//! connection subscribed to releases), and its clones share it. Its
+//! [`released`](crate::Backend::released) returns
+//! [`Push::released`]. The first waiter starts one task, on the waiter's
+//! runtime, that keeps one subscription and wakes the waiters of each key a
+//! message names. A waiter is registered when [`Push::released`] is
+//! *called*, before its future is polled, as `Backend::released` requires.
 //!
 //! Nothing here decides anything: a wake-up only makes the waiter try to
-//! acquire, and every waiter also polls (the `poll` of
-//! [`Backend::released`]). So a lost message, a connection that is down, a
-//! server that never pushes (a Go replica's release, a holder that crashed,
-//! a transaction-mode pooler) cost at most a poll, never a hang.
+//! acquire, and every waiter also polls. So a lost message, a connection
+//! that is down, or a server that never pushes (a Go replica's release, a
+//! holder that crashed) costs at most a poll, never a hang.
 //!
-//! - **Resubscription.** When the connection fails, the task opens a new
-//!   one (after 100 ms, doubling up to 10 s while it keeps failing); when
-//!   it is subscribed again, it wakes *every* waiter once, since releases
-//!   in between went unseen. The first subscription wakes them too: a
-//!   release between a waiter's attempt and the subscription is not missed.
-//! - **Lifetime.** The task ends when the last clone of the backend is
-//!   dropped (the [`Push`] is), when nobody has waited for [`LINGER`]
-//!   (it starts again with the next waiter), and when its runtime shuts
-//!   down (the next waiter starts it on its own runtime).
+//! - **Resubscription.** When the subscription is lost ([`Event::Lost`],
+//!   or [`Source::subscribe`] fails), the task subscribes again after
+//!   100 ms, doubling up to 10 s while it keeps failing. Once subscribed
+//!   it wakes *every* waiter, since releases in between went unseen. The
+//!   first subscription wakes them too: a release between a waiter's
+//!   attempt and the subscription is not missed.
+//! - **Lifetime.** The task ends when the [`Push`] is dropped (with the
+//!   last clone of the backend), when nobody has waited for 10 s (the next
+//!   waiter starts it again), and when its runtime shuts down (the next
+//!   waiter starts it on its own runtime).
+//!
+//! The built-in sources: PostgreSQL's `LISTEN` (`push/pg.rs`, for
+//! `PgTable` and `PgAdvisory`), Redis' `SUBSCRIBE` (`redis.rs`) and etcd's
+//! watch (`etcd/watch.rs`, whose holders also listen on it:
+//! [`Source::busy`], [`Push::listen`]).
+//!
+//! # Example
+//!
+//! A source fed by a broadcast channel, standing in for a server's
+//! notifications, and the `released` of a backend that owns the hub:
+//!
+//! ```
+//! use std::time::Duration;
+//! use leasehold::Error;
+//! use leasehold::backend::push::{Event, Push, Source};
+//! use tokio::sync::broadcast;
+//!
+//! struct Releases(broadcast::Sender<String>);
+//!
+//! impl Source for Releases {
+//!     type Subscription = broadcast::Receiver<String>;
+//!     const WHAT: &'static str = "example channel";
+//!
+//!     async fn subscribe(&self) -> Result<Self::Subscription, Error> {
+//!         Ok(self.0.subscribe())
+//!     }
+//!
+//!     async fn next(subscription: &mut Self::Subscription) -> Event {
+//!         match subscription.recv().await {
+//!             Ok(name) => Event::Released(name),
+//!             Err(e) => Event::Lost(e.to_string()),
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let (tx, _) = broadcast::channel(16);
+//! let push = Push::new(Releases(tx.clone()));
+//! // In `Backend::released(&self, name, poll)`: `self.push.released(..)`.
+//! let poll = Duration::from_secs(60);
+//! // The first subscription wakes every waiter: releases before it went
+//! // unseen.
+//! push.released("job".to_owned(), poll).await;
+//! let released = push.released("job".to_owned(), poll);
+//! tx.send("job".to_owned()).unwrap(); // the server's notification
+//! // Woken by it, long before the poll:
+//! let woken = tokio::time::timeout(Duration::from_secs(5), released).await;
+//! assert!(woken.is_ok());
+//! # }
+//! ```
 //!
 //! [`Backend::released`]: crate::Backend::released
 
@@ -47,20 +96,21 @@ use crate::Error;
 pub(crate) mod pg;
 
 /// How long the subscription is kept after the last waiter is gone.
-pub(crate) const LINGER: Duration = Duration::from_secs(10);
+const LINGER: Duration = Duration::from_secs(10);
 /// The first pause before subscribing again after a failure.
 const MIN_PAUSE: Duration = Duration::from_millis(100);
 /// The longest pause between two attempts to subscribe.
 const MAX_PAUSE: Duration = Duration::from_secs(10);
 
 /// Where releases come from: a server connection subscribed to one channel.
-pub(crate) trait Source: Send + Sync + 'static {
+pub trait Source: Send + Sync + 'static {
     /// A subscribed connection.
     type Subscription: Send + 'static;
     /// For logs: `"postgres LISTEN"`, `"redis SUBSCRIBE"`.
     const WHAT: &'static str;
 
-    /// Open a connection and subscribe.
+    /// Open a connection and subscribe. An error is logged (at debug) and
+    /// the hub tries again later; waiters poll meanwhile.
     fn subscribe(&self) -> impl Future<Output = Result<Self::Subscription, Error>> + Send;
 
     /// The next thing that happens on `subscription`. Cancel safe: the task
@@ -83,20 +133,21 @@ pub(crate) trait Source: Send + Sync + 'static {
 
 /// What a subscription reports.
 #[derive(Debug)]
-pub(crate) enum Event {
+pub enum Event {
     /// A release of the lease this key stands for (its name, or a lock key).
     Released(String),
     /// The connection was lost and is subscribed again: messages in between
-    /// may be lost. (sqlx's listener reconnects by itself.)
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    /// may be lost: every waiter is woken. (For a subscription that
+    /// reconnects by itself, as sqlx's listener does.)
     Resubscribed,
     /// The connection is gone (why): subscribe anew.
     Lost(String),
 }
 
 /// The push side of one backend value: dropping it (with the last clone of
-/// the backend) stops its task.
-pub(crate) struct Push<S: Source> {
+/// the backend) stops its task. Share it between the backend's clones (in
+/// an `Arc`), so that they keep one subscription.
+pub struct Push<S: Source> {
     hub: Arc<Hub<S>>,
 }
 
@@ -135,7 +186,8 @@ struct State {
 }
 
 impl<S: Source> Push<S> {
-    pub(crate) fn new(source: S) -> Self {
+    /// A hub over `source`. Nothing is subscribed until a waiter comes.
+    pub fn new(source: S) -> Self {
         Self {
             hub: Arc::new(Hub {
                 source,
@@ -151,22 +203,22 @@ impl<S: Source> Push<S> {
     }
 
     /// The source, for what it keeps besides the waiters.
-    #[cfg(any(test, feature = "etcd"))]
-    pub(crate) fn source(&self) -> &S {
+    pub fn source(&self) -> &S {
         &self.hub.source
     }
 
     /// Start the listening task if none runs, for the source's own
-    /// listeners ([`Source::busy`]).
-    #[cfg(any(test, feature = "etcd"))]
-    pub(crate) fn listen(&self) {
+    /// listeners ([`Source::busy`]). Needs a tokio runtime: without one,
+    /// nothing starts.
+    pub fn listen(&self) {
         Hub::ensure_task(&self.hub);
     }
 
     /// Resolves when a release of `key` is pushed, when the subscription
     /// was (re-)established (releases may have gone unseen), or after
-    /// `poll`. Registers now, and starts the listening task if none runs.
-    pub(crate) fn released(
+    /// `poll`. Registers now, and starts the listening task if none runs
+    /// (on the current tokio runtime; without one, it only waits `poll`).
+    pub fn released(
         &self,
         key: String,
         poll: Duration,
