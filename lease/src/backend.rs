@@ -122,14 +122,22 @@ pub mod validate {
 /// even by the same holder. A backend without fencing tokens matches name
 /// and holder.
 ///
-/// The engine validates names (1..=255 bytes), holders (1..=255 bytes) and ttls
-/// (10 ms..=24 h, whole milliseconds) before calling a backend, and applies its
-/// own timeouts; a backend need not repeat the timeouts. A backend is public,
-/// though, and is also called directly (an operator's `force_release`, a
-/// request with a value): it checks its own input with [`validate`], and
-/// answers an invalid name, holder, ttl or value with the matching `Invalid*`
-/// [`Error`]. The conformance suite (the `leasehold-conformance` crate)
-/// checks this for `force_release`, `force_release_now` and values.
+/// Input: the engine validates names (1..=255 bytes), holders (1..=255
+/// bytes) and ttls (10 ms..=24 h, whole milliseconds) before calling a
+/// backend. A backend is public, though, and is also called directly (an
+/// operator's `force_release`, a request with a value): it checks its own
+/// input with [`validate`], and answers an invalid name, holder, ttl or
+/// value with the matching `Invalid*` [`Error`]. The conformance suite (the
+/// `leasehold-conformance` crate) checks this for `force_release`,
+/// `force_release_now` and values.
+///
+/// Time: the engine bounds each call it makes (it drops a call that
+/// outlives its limit), so a backend needs no time limit for the engine's
+/// sake; a call the engine drops may or may not have reached the server.
+/// Called directly, a backend bounds only what it documents (`Redis` and
+/// `Etcd`: `with_timeout`, 5 s by default; the table backends: their
+/// pool's `acquire_timeout`); a direct caller bounds the rest with
+/// `tokio::time::timeout`.
 ///
 /// # Examples
 ///
