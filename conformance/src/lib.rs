@@ -123,7 +123,7 @@ pub mod values;
 mod macros;
 mod ordinal;
 mod subject;
-mod support;
+pub mod support;
 
 pub use ordinal::Ordinal;
 pub use subject::{Caps, Naming, Subject, release_as};

@@ -32,7 +32,8 @@
 ///
 /// `extra [property, ...]` after the groups adds properties of your own to
 /// the module: each an `async fn(&S)` beside the invocation, called as
-/// `super::property(&subject)`.
+/// `super::property(&subject)`. [`support`](crate::support) has the
+/// helpers the suite's own properties use.
 ///
 /// The expansion names nothing of the caller's crate but the subject
 /// expression and the `extra` properties: every other path goes through
@@ -47,7 +48,7 @@
 /// # impl leasehold_conformance::Subject for MySubject {
 /// #     type B = Memory;
 /// #     fn backend(&self) -> Memory { self.0.clone() }
-/// #     async fn steal(&self, _: &str, _: &str) { unimplemented!() }
+/// #     async fn steal(&self, _: &str, _: &str) {}
 /// # }
 /// async fn subject() -> Option<MySubject> {
 ///     Some(MySubject(Memory::new()))

@@ -1,5 +1,7 @@
-//! What the properties share: unique names, short calls on a backend that
-//! must succeed, the durations they use, and [`lapse`].
+//! What the properties share, for `extra` properties of your own too
+//! ([`conformance!`](crate::conformance)): unique names, short calls on a
+//! backend that must succeed (a failure panics, saying which call), the
+//! durations the properties use, and [`lapse`].
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -12,18 +14,19 @@ use tokio::time::sleep;
 use crate::Subject;
 
 /// The ttl of most properties' leases.
-pub(crate) const TTL: Duration = Duration::from_secs(2);
+pub const TTL: Duration = Duration::from_secs(2);
 /// A ttl no property waits out.
-pub(crate) const LONG: Duration = Duration::from_secs(30);
+pub const LONG: Duration = Duration::from_secs(30);
 
-pub(crate) fn ms(n: u64) -> Duration {
+/// `n` milliseconds.
+pub fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
 /// A lease name (or holder) no other test uses, on any process sharing
 /// the server: `prefix`, a dash, and 16 hex digits of a hash of this
 /// process, the time and a counter.
-pub(crate) fn unique(prefix: &str) -> String {
+pub fn unique(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let seed = (
         std::process::id(),
@@ -34,24 +37,24 @@ pub(crate) fn unique(prefix: &str) -> String {
 }
 
 /// A `Lease` on `s`'s backend for `holder`: one replica.
-pub(crate) fn lease<S: Subject>(s: &S, holder: &str) -> Lease {
+pub fn lease<S: Subject>(s: &S, holder: &str) -> Lease {
     Lease::with_holder(s.backend(), holder)
 }
 
 /// The fencing token of the `n`th acquisition of a name on `s`: `n`, or
 /// `None` without fencing.
-pub(crate) fn fence<S: Subject>(s: &S, n: u64) -> Option<u64> {
+pub fn fence<S: Subject>(s: &S, n: u64) -> Option<u64> {
     s.caps().fencing.then_some(n)
 }
 
 /// The acquisition `grant` was for.
-pub(crate) fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
+pub fn acq<'a>(name: &'a str, holder: &'a str, grant: &Grant) -> Acquisition<'a> {
     Acquisition::new(name, holder, grant.fencing_token)
 }
 
 /// `b.acquire`: `None` when another holder has the lease, else the fencing
 /// token of the grant.
-pub(crate) async fn acquire(
+pub async fn acquire(
     b: &impl Backend,
     name: &str,
     holder: &str,
@@ -65,19 +68,14 @@ pub(crate) async fn acquire(
 }
 
 /// [`acquire`] of a lease that must be free; its fencing token.
-pub(crate) async fn acquired(
-    b: &impl Backend,
-    name: &str,
-    holder: &str,
-    ttl: Duration,
-) -> Option<u64> {
+pub async fn acquired(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<u64> {
     acquire(b, name, holder, ttl)
         .await
         .unwrap_or_else(|| panic!("{holder} could not acquire {name}"))
 }
 
 /// `b.renew` of the acquisition of `name` by `holder` that got `fence`.
-pub(crate) async fn renew(
+pub async fn renew(
     b: &impl Backend,
     name: &str,
     holder: &str,
@@ -90,7 +88,7 @@ pub(crate) async fn renew(
 }
 
 /// `b.release` of the acquisition of `name` by `holder` that got `fence`.
-pub(crate) async fn release(b: &impl Backend, name: &str, holder: &str, fence: Option<u64>) {
+pub async fn release(b: &impl Backend, name: &str, holder: &str, fence: Option<u64>) {
     b.release(Acquisition::new(name, holder, fence))
         .await
         .expect("release");
@@ -104,7 +102,7 @@ pub(crate) async fn release(b: &impl Backend, name: &str, holder: &str, fence: O
 /// outlives its ttl — after the same wait it is still held and still
 /// renewable by `holder` — and it is the end of the holder's session that
 /// frees it.
-pub(crate) async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
+pub async fn lapse<S: Subject>(s: &S, lease: Acquisition<'_>, ttl: Duration) {
     sleep(s.expiry(ttl) + ms(400)).await; // nobody renews
     if !s.caps().expires {
         let (b, name) = (s.backend(), lease.name);

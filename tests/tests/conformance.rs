@@ -57,53 +57,11 @@ use futures_util::future::join_all;
 use lease_tests::{TempDb, unique};
 use leasehold::backend::{Etcd, Memory, MySqlTable, PgAdvisory, PgTable, Redis, SqliteTable};
 use leasehold::{Acquisition, Backend, Error, Lease};
+use leasehold_conformance::support::{LONG, acquire, acquired, ms, release, renew};
 use leasehold_conformance::{Caps, Naming, Ordinal, Subject, release_as};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgPoolOptions;
 use tokio::time::{Instant, sleep, timeout};
-
-/// `b.acquire`: `None` when another holder has the lease, else the fencing
-/// token of the grant.
-async fn acquire(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<Option<u64>> {
-    let grant = b
-        .acquire(name, holder, ttl)
-        .await
-        .unwrap_or_else(|e| panic!("acquire {name:?} for {holder:?}: {e}"));
-    grant.map(|g| g.fencing_token)
-}
-
-/// [`acquire`] of a lease that must be free; its fencing token.
-async fn acquired(b: &impl Backend, name: &str, holder: &str, ttl: Duration) -> Option<u64> {
-    acquire(b, name, holder, ttl)
-        .await
-        .unwrap_or_else(|| panic!("{holder} could not acquire {name}"))
-}
-
-/// `b.renew` of the acquisition of `name` by `holder` that got `fence`.
-async fn renew(
-    b: &impl Backend,
-    name: &str,
-    holder: &str,
-    fence: Option<u64>,
-    ttl: Duration,
-) -> bool {
-    b.renew(Acquisition::new(name, holder, fence), ttl)
-        .await
-        .expect("renew")
-}
-
-/// `b.release` of the acquisition of `name` by `holder` that got `fence`.
-async fn release(b: &impl Backend, name: &str, holder: &str, fence: Option<u64>) {
-    b.release(Acquisition::new(name, holder, fence))
-        .await
-        .expect("release");
-}
-
-const LONG: Duration = Duration::from_secs(30);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 #[path = "conformance/subjects.rs"]
 mod subjects;
