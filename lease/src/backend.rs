@@ -686,6 +686,17 @@ pub enum Acquired {
     },
 }
 
+impl Acquired {
+    /// The grant, if the caller now holds the lease: what
+    /// [`Backend::acquire`] answers for this `acquire_with` answer.
+    pub fn granted(self) -> Option<Grant> {
+        match self {
+            Acquired::Granted(grant) => Some(grant),
+            _ => None,
+        }
+    }
+}
+
 /// One acquisition of a lease, which a [`Backend::renew`] or
 /// [`Backend::release`] concerns: the name, the holder, and the fencing
 /// token of the [`Grant`] that acquisition got.
@@ -978,7 +989,7 @@ impl Backend for BoxedBackend {
         name: &str,
         holder: &str,
         ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
+    ) -> crate::Result<Option<Grant>> {
         self.0.acquire(name, holder, ttl).await
     }
 

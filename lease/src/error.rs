@@ -135,26 +135,26 @@ pub enum Error {
         doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
     )]
     #[error("database error")]
-    Database(#[source] sqlx::Error),
+    Database(#[from] sqlx::Error),
 
     /// The `Redis` backend failed to run a command.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("redis error")]
-    Redis(#[source] redis::RedisError),
+    Redis(#[from] redis::RedisError),
 
     /// The `Redis` backend could not get a connection from its pool.
     #[cfg(feature = "redis")]
     #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[error("redis pool error")]
-    RedisPool(#[source] deadpool_redis::PoolError),
+    RedisPool(#[from] deadpool_redis::PoolError),
 
     /// The `Etcd` backend failed: the cluster could not be reached, refused
     /// the request (no leader, a partitioned member) or answered an error.
     #[cfg(feature = "etcd")]
     #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
     #[error("etcd error")]
-    Etcd(#[source] etcd_client::Error),
+    Etcd(#[from] etcd_client::Error),
 
     /// The lease table cannot be used as it is: it does not exist, a column
     /// is missing (for example `fence` in a table made for the Go services),
@@ -336,34 +336,6 @@ fn server_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     }
     let _ = e;
     None
-}
-
-#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
-impl From<sqlx::Error> for Error {
-    fn from(e: sqlx::Error) -> Self {
-        Self::Database(e)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        Self::Redis(e)
-    }
-}
-
-#[cfg(feature = "etcd")]
-impl From<etcd_client::Error> for Error {
-    fn from(e: etcd_client::Error) -> Self {
-        Self::Etcd(e)
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<deadpool_redis::PoolError> for Error {
-    fn from(e: deadpool_redis::PoolError) -> Self {
-        Self::RedisPool(e)
-    }
 }
 
 #[cfg(test)]

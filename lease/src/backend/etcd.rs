@@ -800,10 +800,10 @@ fn gets(response: TxnResponse) -> Vec<Vec<KeyValue>> {
 
 impl Backend for Etcd {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
-        match self.acquire_with(Request::new(name, holder, ttl)).await? {
-            Acquired::Granted(grant) => Ok(Some(grant)),
-            _ => Ok(None),
-        }
+        Ok(self
+            .acquire_with(Request::new(name, holder, ttl))
+            .await?
+            .granted())
     }
 
     /// Acquire as [`acquire`](Backend::acquire) does, claiming the slot of

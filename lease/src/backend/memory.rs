@@ -137,10 +137,10 @@ impl Memory {
 
 impl Backend for Memory {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
-        match self.acquire_with(Request::new(name, holder, ttl)).await? {
-            Acquired::Granted(grant) => Ok(Some(grant)),
-            _ => Ok(None),
-        }
+        Ok(self
+            .acquire_with(Request::new(name, holder, ttl))
+            .await?
+            .granted())
     }
 
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {

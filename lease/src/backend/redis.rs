@@ -638,10 +638,10 @@ impl Backend for Redis {
     /// `holder` already (same fencing token); the fenced layout's `INCR` of
     /// the fence key is in the same script.
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
-        match self.acquire_with(Request::new(name, holder, ttl)).await? {
-            Acquired::Granted(grant) => Ok(Some(grant)),
-            _ => Ok(None),
-        }
+        Ok(self
+            .acquire_with(Request::new(name, holder, ttl))
+            .await?
+            .granted())
     }
 
     /// One script, as [`acquire`](Backend::acquire): it also reads Redis

@@ -598,7 +598,7 @@ impl<D: Dialect> Backend for Table<D> {
         name: &str,
         holder: &str,
         ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
+    ) -> crate::Result<Option<Grant>> {
         let ttl_ms = check(name, holder, ttl)?;
         let t = self.ready().await?;
         let fence = self.run(|| D::acquire(&t, name, holder, ttl_ms)).await?;
@@ -935,6 +935,61 @@ fn renewed_of(leases: &[TableRenewal<'_>], returned: &[(String, i64)]) -> Vec<bo
         .iter()
         .map(|l| l.fence.is_some_and(|f| returned.contains(&(l.name, f))))
         .collect()
+}
+
+/// [`sealed::SqlDialect::change`] for the dialects whose names, holders
+/// and values are text (PostgreSQL, SQLite): the statements take the name
+/// first, then the change's own values. sqlx has no trait for a result's
+/// rows affected, so each dialect passes its own accessor.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+async fn change_text<D: Dialect>(
+    t: &Ready<'_, D>,
+    name: &str,
+    change: RowChange<'_>,
+    rows_affected: fn(&<D::Database as sqlx::Database>::QueryResult) -> u64,
+) -> Result<bool, sqlx::Error>
+where
+    for<'a> &'a str: sqlx::Encode<'a, D::Database> + sqlx::Type<D::Database>,
+    for<'a> Option<&'a str>: sqlx::Encode<'a, D::Database> + sqlx::Type<D::Database>,
+    for<'a> i64: sqlx::Encode<'a, D::Database> + sqlx::Type<D::Database>,
+    for<'a> Option<i64>: sqlx::Encode<'a, D::Database> + sqlx::Type<D::Database>,
+    for<'c> &'c sqlx::Pool<D::Database>: sqlx::Executor<'c, Database = D::Database>,
+    <D::Database as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Database>,
+{
+    let on = |sql: &Arc<str>| sqlx::query(sqlx::AssertSqlSafe(sql.clone())).bind(name);
+    let query = match change {
+        RowChange::Release(holder, fence) => on(&t.sql.release).bind(holder).bind(fence),
+        RowChange::ReleaseRan(holder, fence, slot) => {
+            on(&t.sql.release_ran).bind(holder).bind(fence).bind(slot)
+        }
+        RowChange::Publish(holder, fence, value) => {
+            on(&t.sql.publish).bind(holder).bind(fence).bind(value)
+        }
+        RowChange::Evict => on(&t.sql.force_release),
+        RowChange::EvictNow => on(&t.sql.force_release_now),
+    };
+    Ok(rows_affected(&query.execute(t.pool).await?) == 1)
+}
+
+/// [`sealed::SqlDialect::rows`] for the dialects whose rows read as a
+/// [`TableRow`] (PostgreSQL, SQLite).
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+async fn rows_text<D: Dialect>(
+    t: &Ready<'_, D>,
+    name: Option<&str>,
+) -> Result<Vec<LeaseInfo>, sqlx::Error>
+where
+    for<'a> &'a str: sqlx::Encode<'a, D::Database> + sqlx::Type<D::Database>,
+    TableRow: for<'r> sqlx::FromRow<'r, <D::Database as sqlx::Database>::Row>,
+    for<'c> &'c sqlx::Pool<D::Database>: sqlx::Executor<'c, Database = D::Database>,
+    <D::Database as sqlx::Database>::Arguments: sqlx::IntoArguments<D::Database>,
+{
+    let query = match name {
+        Some(name) => sqlx::query_as(sqlx::AssertSqlSafe(t.sql.info.clone())).bind(name),
+        None => sqlx::query_as(sqlx::AssertSqlSafe(t.sql.list.clone())),
+    };
+    let rows: Vec<TableRow> = query.fetch_all(t.pool).await?;
+    Ok(rows.into_iter().map(lease_info).collect())
 }
 
 #[cfg(test)]

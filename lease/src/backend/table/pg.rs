@@ -1,15 +1,14 @@
 //! The PostgreSQL dialect of the table backend: [`PgTable`].
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Postgres};
 
 use super::{
     Column, Dialect, Layout, OptionalColumns, Ready, RowChange, Shape, Table, TableAnswer,
-    TableRenewal, TableRequest, Templates, explain, lease_info, refused, renewed_of, sealed, shape,
-    step_us, zoneless_in_shared,
+    TableRenewal, TableRequest, Templates, change_text, explain, refused, renewed_of, rows_text,
+    sealed, shape, step_us, zoneless_in_shared,
 };
 use crate::backend::push::Push;
 use crate::backend::push::pg::{MAX_CHANNEL_LEN, PgSource};
@@ -424,28 +423,17 @@ impl sealed::SqlDialect for PgDialect {
         name: &str,
         change: RowChange<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let on = |sql: &Arc<str>| sqlx::query(AssertSqlSafe(sql.clone())).bind(name);
-        let query = match change {
-            RowChange::Release(holder, fence) => on(&t.sql.release).bind(holder).bind(fence),
-            RowChange::ReleaseRan(holder, fence, slot) => {
-                on(&t.sql.release_ran).bind(holder).bind(fence).bind(slot)
-            }
-            RowChange::Publish(holder, fence, value) => {
-                on(&t.sql.publish).bind(holder).bind(fence).bind(value)
-            }
-            RowChange::Evict => on(&t.sql.force_release),
-            RowChange::EvictNow => on(&t.sql.force_release_now),
-        };
-        Ok(query.execute(t.pool).await?.rows_affected() == 1)
+        change_text(
+            t,
+            name,
+            change,
+            sqlx::postgres::PgQueryResult::rows_affected,
+        )
+        .await
     }
 
     async fn rows(t: &Ready<'_, Self>, name: Option<&str>) -> Result<Vec<LeaseInfo>, sqlx::Error> {
-        let query = match name {
-            Some(name) => sqlx::query_as(AssertSqlSafe(t.sql.info.clone())).bind(name),
-            None => sqlx::query_as(AssertSqlSafe(t.sql.list.clone())),
-        };
-        let rows = query.fetch_all(t.pool).await?;
-        Ok(rows.into_iter().map(lease_info).collect())
+        rows_text(t, name).await
     }
 
     /// The database named in the pool's options, else the user's (the

@@ -2,7 +2,6 @@
 //! default for replicas on one host.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -10,8 +9,8 @@ use sqlx::{AssertSqlSafe, Sqlite};
 
 use super::{
     Column, Dialect, LIST_SIZES, Layout, Ready, RowChange, Table, TableAnswer, TableRenewal,
-    TableRequest, Templates, explain, hex, lease_info, list_size, renewed_of, script, sealed,
-    shape,
+    TableRequest, Templates, change_text, explain, hex, list_size, renewed_of, rows_text, script,
+    sealed, shape,
 };
 use crate::{Error, LeaseInfo};
 
@@ -394,28 +393,17 @@ impl sealed::SqlDialect for SqliteDialect {
         name: &str,
         change: RowChange<'_>,
     ) -> Result<bool, sqlx::Error> {
-        let on = |sql: &Arc<str>| sqlx::query(AssertSqlSafe(sql.clone())).bind(name);
-        let query = match change {
-            RowChange::Release(holder, fence) => on(&t.sql.release).bind(holder).bind(fence),
-            RowChange::ReleaseRan(holder, fence, slot) => {
-                on(&t.sql.release_ran).bind(holder).bind(fence).bind(slot)
-            }
-            RowChange::Publish(holder, fence, value) => {
-                on(&t.sql.publish).bind(holder).bind(fence).bind(value)
-            }
-            RowChange::Evict => on(&t.sql.force_release),
-            RowChange::EvictNow => on(&t.sql.force_release_now),
-        };
-        Ok(query.execute(t.pool).await?.rows_affected() == 1)
+        change_text(
+            t,
+            name,
+            change,
+            sqlx::sqlite::SqliteQueryResult::rows_affected,
+        )
+        .await
     }
 
     async fn rows(t: &Ready<'_, Self>, name: Option<&str>) -> Result<Vec<LeaseInfo>, sqlx::Error> {
-        let query = match name {
-            Some(name) => sqlx::query_as(AssertSqlSafe(t.sql.info.clone())).bind(name),
-            None => sqlx::query_as(AssertSqlSafe(t.sql.list.clone())),
-        };
-        let rows = query.fetch_all(t.pool).await?;
-        Ok(rows.into_iter().map(lease_info).collect())
+        rows_text(t, name).await
     }
 }
 
