@@ -27,12 +27,11 @@ use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 ///
 /// A `Lease` needs a [Tokio](https://tokio.rs) runtime (with its time
 /// driver): renewals run on one task, spawned on the runtime of the
-/// acquisition that finds no lease held. The task ends on its own at its
-/// next planned wake-up after the last lease has ended (at most `ttl/3`
-/// later) plus one second, and keeps the backend (its pool) until then. If
-/// that runtime shuts down while leases are still held, nothing renews them
-/// any more, so their tokens are cancelled at once; with several runtimes
-/// in one process (say, one per test), give each its own `Lease`.
+/// acquisition that finds no lease held. The task keeps the backend (its
+/// pool) until a little after the last lease has ended. If that runtime
+/// shuts down while leases are still held, nothing renews them any more, so
+/// their tokens are cancelled at once; with several runtimes in one process
+/// (say, one per test), give each its own `Lease`.
 ///
 /// # Examples
 ///
@@ -109,10 +108,9 @@ impl Lease {
     ///   invalid; `f` did not run. Logged at warn. For a periodic job this is
     ///   not a failure: the next tick tries again.
     ///
-    /// The lease is released when `f` returns, when `f` panics (the panic
-    /// then continues), and when this future is dropped while `f` runs (in
-    /// the background). A failed release is logged; the lease then ends when
-    /// its ttl runs out, and this `Lease` skips `name` until then.
+    /// The lease is released when `f` returns or panics, or when this future
+    /// is dropped. A failed release is logged; the lease then ends when its
+    /// ttl runs out, and this `Lease` skips `name` until then.
     ///
     /// # Examples
     ///
@@ -187,15 +185,11 @@ impl Lease {
     /// [`try_acquire`](Lease::try_acquire)); `Ok(None)` if another holder
     /// (or this `Lease`) still has it when `wait` is over.
     ///
-    /// Between attempts it waits for the backend to report a release —
-    /// about one round trip after it happens on backends whose server can
-    /// push it (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`) — or for a
-    /// release within this `Lease`, and otherwise polls: every `ttl/10`
-    /// (between 10 ms and 1 s, with ±20% jitter). A notification is never
-    /// trusted: the waiter tries to acquire. A crashed holder's lease is
-    /// taken at its expiry, which the refused attempt (or one `inspect`)
-    /// reports, not a poll later. A zero `wait` is one attempt,
-    /// like `try_acquire`.
+    /// Between attempts it waits for a release: pushed by the server where
+    /// the backend can ([`backend`](crate::backend) says which), else polled
+    /// every `ttl/10` (10 ms to 1 s, ±20% jitter). A crashed holder's lease
+    /// is taken at its expiry, not a poll later. A zero `wait` is one
+    /// attempt, like `try_acquire`.
     ///
     /// # Examples
     ///
@@ -378,8 +372,7 @@ impl Lease {
     /// - [`Error::Timeout`] when the backend does not answer within
     ///   `min(ttl - grace, 30 s)` (grace = ttl/3 here, see
     ///   [`Job::grace`](crate::Job::grace));
-    /// - the backend's error when it fails (connection refused, SQL error, ...).
-    ///
+    /// - the backend's error when it fails (connection refused, SQL error, ...);
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
