@@ -482,7 +482,9 @@ impl Lease {
     /// token, wait for the bodies to stop, release each lease as soon as its
     /// body has ended, and let the renewal task end. Afterwards every
     /// acquisition through this `Lease` or a clone fails with
-    /// [`Error::ShutDown`], and elections stop.
+    /// [`Error::ShutDown`], and elections stop. Call it when the process is
+    /// asked to stop, so that a rolling deploy hands the leases over as soon
+    /// as the jobs have stopped instead of after a ttl.
     ///
     /// A *body* is the closure of [`with_lease`](Lease::with_lease),
     /// [`Job::run`](crate::Job::run) or `#[singleton]` until it returns, and
@@ -491,28 +493,19 @@ impl Lease {
     ///
     /// - each lease is still renewed while its body winds down, for up to
     ///   its grace ([`Job::grace`](crate::Job::grace), `ttl/3` by default),
-    ///   and released as soon as the body ends (its release awaited, within
-    ///   `min(ttl, 30 s)`);
-    /// - a body still running when its grace is over keeps its lease
-    ///   unreleased and unrenewed: it expires on the server, at most a ttl
-    ///   later (logged at warn, with the lease's name);
-    /// - a lease kept for its [`min_hold`](crate::Job::min_hold) (its body
-    ///   returned early) is not released either: releasing it would let
-    ///   another replica run the job again within `min_hold`. It expires on
-    ///   the server, at most a ttl later.
+    ///   and released as soon as the body ends (within `min(ttl, 30 s)`);
+    /// - a body still running when its grace is over keeps its lease,
+    ///   unrenewed, to expire on the server (logged at warn);
+    /// - a lease kept for its [`min_hold`](crate::Job::min_hold) is not
+    ///   released either (another replica could run the job again): it
+    ///   expires on the server, at most a ttl later.
     ///
-    /// So `shutdown` returns within the largest grace plus the release's time
-    /// limit (after the acquisitions in flight, below).
-    ///
-    /// An acquisition already on its way to the backend fails with
-    /// [`Error::ShutDown`] too: a lease granted to it after `shutdown` was
-    /// called is released at once. `shutdown` waits for such acquisitions
-    /// (within their time limits, the acquire's and then the release's), so
-    /// that when it returns this `Lease` holds nothing.
-    ///
-    /// Call it when the process is asked to stop, so that a rolling deploy
-    /// hands the leases over as soon as the jobs have stopped instead of
-    /// after a ttl:
+    /// An acquisition in flight fails with [`Error::ShutDown`] too (a lease
+    /// granted to it is released at once), and `shutdown` waits for it. So
+    /// `shutdown` returns within the time limits of those acquisitions plus
+    /// the largest grace plus the release's time limit, and then this
+    /// `Lease` holds nothing. Releases already running in the background
+    /// (of guards dropped earlier) are not awaited.
     ///
     /// ```no_run
     /// # async fn serve(lease: leasehold::Lease) {
@@ -520,9 +513,6 @@ impl Lease {
     /// lease.shutdown().await;
     /// # }
     /// ```
-    ///
-    /// Releases already running in the background (of guards dropped
-    /// earlier) are not awaited.
     pub async fn shutdown(&self) {
         self.engine.shut_down().await;
     }
