@@ -33,16 +33,14 @@ use watch::{HolderWatch, KeyWatch};
 ///
 /// # Calls
 ///
-/// An acquisition grants an etcd lease of the ttl rounded up to whole
-/// seconds (the cluster may raise it to its minimum, about 1.5 election
-/// timeouts) and puts the key `{prefix}{name}`, whose value is the holder,
-/// on it iff the key is absent. The ttl asked for stays the holder's local
-/// deadline; etcd frees the key when the etcd lease expires, up to the
+/// An acquisition puts the key `{prefix}{name}`, whose value is the holder,
+/// on a new etcd lease of the ttl rounded up to whole seconds (the cluster
+/// may raise it to its minimum, about 1.5 election timeouts). The ttl asked
+/// for stays the holder's local deadline; etcd frees the key up to the
 /// rounding plus its expiry check (every 500 ms) later. An acquisition
-/// takes two round trips (a re-acquire by the same holder three, keeping
-/// the fencing token), a renewal one. Each call fails with
-/// [`Error::Timeout`] after the backend's [timeout](Etcd::with_timeout)
-/// (default 5 s).
+/// takes two round trips (a re-acquire three), a renewal one. Each call
+/// fails with [`Error::Timeout`] after the backend's
+/// [timeout](Etcd::with_timeout) (default 5 s).
 ///
 /// # Other keys and fencing tokens
 ///
@@ -74,16 +72,16 @@ use watch::{HolderWatch, KeyWatch};
 ///
 /// # Faults
 ///
-/// - **A member fails** (crash, restart, partition): requests to it fail,
-///   and the engine retries them, through the other endpoints, until the
-///   lease's local deadline. A new leader restarts every etcd lease's TTL.
-///   Without a majority nothing succeeds: the holder stops at its local
-///   deadline, and nobody acquires until a majority is back.
+/// - **A member fails** (crash, restart, partition): the engine retries,
+///   through the other endpoints, until the lease's local deadline. A new
+///   leader restarts every etcd lease's TTL. Without a majority nothing
+///   succeeds: the holder stops at its local deadline, and nobody acquires
+///   until a majority is back.
 /// - **The etcd lease is revoked** (`etcdctl lease revoke`) or **the key is
 ///   deleted** (`etcdctl del`): another holder may acquire at once, and the
-///   watch tells the holder about one round trip later (its next renewal,
-///   within `ttl/3`, if the watch is down). Until then both may believe
-///   they hold the lease: only the fencing token tells their writes apart.
+///   holder learns of it about one round trip later (by the watch, else at
+///   its next renewal). Until then both may believe they hold the lease:
+///   only the fencing token tells their writes apart.
 /// - **A leader is paused and resumes** believing it still leads: it may
 ///   answer a keep-alive it can no longer honour (etcd before 3.4.28 and
 ///   3.5.11, issue #15247), and revoke leases that their holders renewed

@@ -199,13 +199,11 @@ impl Fencing {
 ///
 /// # Runtime shutdown
 ///
-/// A lock stays held until it is released or lost, or the last clone of
-/// this backend (with the `Lease` and guards that keep one) is dropped,
-/// which closes its connection, inside a runtime or outside any. If the
-/// runtime that renews a [`Lease`](crate::Lease) shuts down first, its
-/// tokens are cancelled but its locks stay held until then (or the process
-/// exits): give each runtime its own `Lease` and let it go with the
-/// runtime, as the values created in a `#[tokio::main]` `main` do.
+/// If the runtime that renews a [`Lease`](crate::Lease) shuts down, its
+/// tokens are cancelled but its locks stay held until the last clone of
+/// this backend (with the `Lease` and guards that keep one) is dropped, or
+/// the process exits: give each runtime its own `Lease` and let it go with
+/// the runtime, as the values created in a `#[tokio::main]` `main` do.
 ///
 /// # Examples
 ///

@@ -295,8 +295,6 @@ impl Redis {
     /// no schedule slots ([`Job::once_per`](crate::Job::once_per)) and no
     /// published values ([`Election::proclaim`](crate::Election::proclaim)):
     /// those calls answer [`Error::Unsupported`].
-    /// [`force_release`](Backend::force_release) empties the lock, keeping
-    /// its expiry (a Go locker's `SET NX` fails on it too).
     ///
     /// The two layouts use different keys and do not exclude each other:
     /// switch back to the default only once no Go replica takes the lock,
