@@ -34,10 +34,11 @@ use watch::{HolderWatch, KeyWatch};
 /// # Calls
 ///
 /// An acquisition puts the key `{prefix}{name}`, whose value is the holder,
-/// on a new etcd lease of the ttl rounded up to whole seconds (the cluster
-/// may raise it to its minimum, about 1.5 election timeouts). The ttl asked
-/// for stays the holder's local deadline; etcd frees the key up to the
-/// rounding plus its expiry check (every 500 ms) later. An acquisition
+/// iff it is absent, on a new etcd lease of the ttl rounded up to whole
+/// seconds (the cluster may raise it to its minimum, about 1.5 election
+/// timeouts). The ttl asked for stays the holder's local deadline; etcd
+/// frees the key when the etcd lease expires, up to the rounding plus its
+/// expiry check (every 500 ms) after the ttl. An acquisition
 /// takes two round trips (a re-acquire three), a renewal one. Each call
 /// fails with [`Error::Timeout`] after the backend's
 /// [timeout](Etcd::with_timeout) (default 5 s).
