@@ -21,9 +21,7 @@
 //! [`Election`](crate::Election)) learns of a release by the server's push
 //! where it can ([`released`](Backend::released)): `PgTable` and
 //! `PgAdvisory` by `LISTEN/NOTIFY`, `Redis` by `PUBLISH` (given a client
-//! for the subscription), `Etcd` by a watch, which also sees a lease
-//! expire; the others, and the others for a lease that expired, by
-//! polling.
+//! for the subscription), `Etcd` by a watch; elsewhere by polling.
 //!
 //! [`acquire`]: Backend::acquire
 //! [`renew`]: Backend::renew
@@ -84,12 +82,8 @@ mod redis;
 #[cfg(feature = "redis")]
 pub use self::redis::Redis;
 
-/// The input checks of the engine, for a backend's own calls.
-///
-/// The built-in backends start each call with them, and a backend of your
-/// own should too: it may be called directly, not only through
-/// [`Lease`](crate::Lease), and a name a lenient server truncated would
-/// become another name.
+/// The input checks of the engine, for a backend's own calls (see
+/// [`Backend`], "Input").
 ///
 /// # Examples
 ///
@@ -114,22 +108,14 @@ pub mod validate {
 /// grant is unexpired. Expiry should be computed by the storage's own clock
 /// (the server's), never by the caller's.
 ///
-/// Renewals and releases concern one *acquisition* ([`Acquisition`]: the
-/// name, the holder and the fencing token of the grant). A backend with
-/// fencing tokens matches all three, so that a request of an older
-/// acquisition — a release the network delivered late, a renewal still in
-/// flight — can never extend or end a newer acquisition of the same name,
-/// even by the same holder. A backend without fencing tokens matches name
-/// and holder.
+/// Renewals and releases concern one *acquisition*: see [`Acquisition`].
 ///
-/// Input: the engine validates names (1..=255 bytes), holders (1..=255
-/// bytes) and ttls (10 ms..=24 h, whole milliseconds) before calling a
-/// backend. A backend is public, though, and is also called directly (an
-/// operator's `force_release`, a request with a value): it checks its own
-/// input with [`validate`], and answers an invalid name, holder, ttl or
-/// value with the matching `Invalid*` [`Error`]. The conformance suite (the
-/// `leasehold-conformance` crate) checks this for `force_release`,
-/// `force_release_now` and values.
+/// Input: the engine checks names, holders and ttls before it calls a
+/// backend, but a backend is also called directly (an operator's
+/// `force_release`, say). So it checks its own input with [`validate`] and
+/// answers invalid input with the matching `Invalid*` [`Error`]; a name a
+/// lenient server truncated would become another name. The
+/// `leasehold-conformance` crate checks this.
 ///
 /// Time: the engine bounds each call it makes (it drops a call that
 /// outlives its limit), so a backend needs no time limit for the engine's
@@ -331,10 +317,9 @@ pub trait Backend: Send + Sync + 'static {
     /// renewal, and a lease is never given up on a hint alone.
     ///
     /// The default answers `None`: the renewals, every `ttl/3`, are all
-    /// there is. `PgAdvisory` watches the connection that holds the lock
-    /// (see its docs, "Prompt loss"); `Etcd` watches the key (see its
-    /// docs, "Waiting and watching"). The future is dropped once the lease
-    /// has ended; it must not keep anything of the lease alive.
+    /// there is (`PgAdvisory` and `Etcd` override it). The future is
+    /// dropped once the lease has ended; it must not keep anything of the
+    /// lease alive.
     fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
         let _ = lease;
         None::<std::future::Pending<()>>
@@ -701,11 +686,12 @@ impl Acquired {
 /// [`Backend::release`] concerns: the name, the holder, and the fencing
 /// token of the [`Grant`] that acquisition got.
 ///
-/// A backend with fencing tokens renews or releases only the record that
-/// still carries this fencing token, so a request that belongs to an older
-/// acquisition cannot touch a newer one. For such a backend, an
-/// `Acquisition` without a fencing token matches nothing (it cannot be one
-/// of its grants): renew answers `Ok(false)` and release does nothing.
+/// A backend with fencing tokens matches all three, so that a request of an
+/// older acquisition (a release the network delivered late, a renewal still
+/// in flight) can never extend or end a newer acquisition of the same name,
+/// even by the same holder; an `Acquisition` without a fencing token matches
+/// nothing there (renew answers `Ok(false)`, release does nothing). A
+/// backend without fencing tokens matches name and holder.
 ///
 /// # Examples
 ///

@@ -126,12 +126,9 @@ impl Term {
         self.body.entry.is_valid()
     }
 
-    /// [`LeaseGuard::check_in`] for this term's lease: in the caller's
-    /// transaction on the lease's own database, `Ok` iff the term's
-    /// acquisition still holds the lease by the server's clock, and then no
-    /// other candidate can be granted it until that transaction ends. Keep
-    /// the transaction shorter than the grace (the leader's own renewals
-    /// wait for it).
+    /// [`LeaseGuard::check_in`] for this term's lease: `Ok` iff the term
+    /// still holds it, and then no other candidate can be granted it until
+    /// the caller's transaction ends.
     ///
     /// # Errors
     ///
@@ -274,14 +271,9 @@ impl Lease {
     /// (renewed every `ttl/3` as any lease), contend again when it is lost,
     /// until the returned [`Election`] is resigned or dropped.
     ///
-    /// Waiting holders learn of a release as [`acquire`](Lease::acquire)
-    /// does: about one round trip after it where the server can push it,
-    /// otherwise within a poll of `ttl/10`.
-    ///
-    /// An invalid name, ttl or holder (or no Tokio runtime) stops the
-    /// election at once: it never leads, [`watch`](Election::watch) reads
-    /// [`Leadership::Stopped`] from the start, and
-    /// [`resign`](Election::resign) returns the error.
+    /// It waits for the lease as [`acquire`](Lease::acquire) does. An
+    /// invalid name, ttl or holder (or no Tokio runtime) stops the election
+    /// at once ([`Leadership::Stopped`]).
     pub fn elect(&self, name: &str, ttl: Duration) -> Election {
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
@@ -380,13 +372,10 @@ impl Election {
         Ok(())
     }
 
-    /// Stop contending and, if leading, end the term: its token fires, the
-    /// lease is still renewed while the leader winds down, and it is
-    /// released as soon as every clone of the [`Term`] has been dropped, so
-    /// that a waiting election takes over without waiting for the ttl.
-    /// Returns then, or after the grace (`ttl/3`) if a clone is still
-    /// alive: the lease is then left to expire on the server, never
-    /// released under a leader that may still be acting.
+    /// Stop contending and, if leading, end the term: its token fires, and
+    /// the lease is released once every clone of the [`Term`] has been
+    /// dropped (see there), so that a waiting election takes over without
+    /// waiting for the ttl. Returns then, or after the grace.
     ///
     /// # Errors
     ///

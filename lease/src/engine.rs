@@ -1,39 +1,9 @@
 //! The renewal engine behind one [`Lease`](crate::Lease) and its clones: the
 //! registry of the names it holds, their acquisition and release, and (in
 //! [`scheduler`]) the one task that renews them all. Timing rules live in
-//! [`timing`]; `docs/ARCHITECTURE.md` draws the whole picture.
-//!
-//! # Ground rules
-//!
-//! **A name's life cycle in one engine** (the slot of `name` in [`Names`]):
-//!
-//! | state | slot | who moves it on |
-//! |---|---|---|
-//! | free | none | [`Engine::reserve`] → reserved |
-//! | reserved | `Busy`, owned by a [`Reservation`] | the grant → held ([`Engine::hold`]), and → releasing at once if a shutdown began meanwhile; no grant, an error, or a dropped acquire → free |
-//! | held | `Held(entry)`, renewed by the scheduler | release or drop of the guard, the end of `min_hold` → releasing ([`Engine::stop`]); a shutdown or `max_hold` → winding down |
-//! | winding down | `Held(entry)`, token cancelled, still renewed | release or drop of the guard (the body ended) → releasing; the end of its grace → left to expire |
-//! | releasing | `Busy`, entry stopped, token cancelled | the backend's answer → free ([`Engine::settle`]) |
-//! | quarantined | `Busy` | a ttl after a release of unknown fate → free |
-//!
-//! A lease *lost* while held (the backend said so, or its deadline passed)
-//! stays held — its token cancelled, no longer renewed — until its guard
-//! releases it. So does one *left to expire* ([`Entry::abandon`]): a body
-//! still running at the end of its grace, or, at a shutdown, a lease kept
-//! for its `min_hold` (never released while a body may run,
-//! nor before `min_hold`). A reserved or releasing name is freed exactly once: by the
-//! [`Claim`] that owns it, whichever path ends first.
-//!
-//! **Quarantine.** A release whose outcome is unknown (an error, a timeout,
-//! a request dropped on the way) may still reach the backend later. The name
-//! stays taken until a ttl after that release was sent, when the old lease
-//! has ended on the server in any case; so this engine never acquires a name
-//! a late release of its own could end. (Backends with fencing tokens also
-//! ignore such a release, since it carries the old acquisition's token.)
-//!
-//! **Lock order.** [`Engine::names`] before [`Entry::timing`]; nothing is
-//! awaited, spawned or logged about another lease while either is held
-//! (spawning on a runtime that shuts down drops the task inside `spawn`).
+//! [`timing`]. The ground rules (a name's life cycle, quarantine, lock
+//! order) are in docs/ARCHITECTURE.md, "A name's life cycle in one `Lease`"
+//! and "Lock order".
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -282,7 +252,7 @@ impl Entry {
     }
 }
 
-/// What this engine knows about a name; see the ground rules.
+/// What this engine knows about a name (docs/ARCHITECTURE.md, "A name's life cycle").
 #[derive(Debug)]
 enum Slot {
     /// Reserved, releasing or quarantined.
@@ -956,7 +926,7 @@ impl Engine {
 
 /// Free the name of `claim` after its release: at once if the backend
 /// confirmed it; otherwise not before `until` = when the release was sent +
-/// ttl (the quarantine of the ground rules).
+/// ttl (the quarantine of docs/ARCHITECTURE.md).
 fn settle(claim: Claim, confirmed: bool, until: Instant) {
     if confirmed || Instant::now() >= until {
         return; // dropping the claim frees the name

@@ -86,7 +86,7 @@ pub enum Error {
         table: String,
     },
 
-    /// A Redis key prefix that is too long (more than 64 bytes) or contains
+    /// A key prefix (`Redis`, `Etcd`) that is too long (more than 64 bytes) or contains
     /// `{` or `}` (which would change the keys' cluster hash tag).
     #[error(
         "invalid key prefix {prefix:?} ({len} bytes): a prefix must be at most 64 bytes, without `{{` or `}}`"

@@ -68,10 +68,9 @@ impl LeaseGuard {
     ///
     /// Lost means: the backend said another holder has it (or it expired or
     /// was released behind our back), or no renewal succeeded before the
-    /// local deadline, `t_send + ttl - grace` of the last successful request
-    /// (grace = `ttl/3` unless set with [`Job::grace`](crate::Job::grace)):
-    /// the holder then has the grace to stop before the lease could pass on. Clones of the token share its state; hand them to the work
-    /// the lease protects.
+    /// local deadline, `grace` before the lease could pass on (see
+    /// [`Job::grace`](crate::Job::grace)). Clones of the token share its
+    /// state; hand them to the work the lease protects.
     pub fn token(&self) -> CancellationToken {
         self.entry().cancel.clone()
     }
@@ -103,18 +102,16 @@ impl LeaseGuard {
     /// # Errors
     ///
     /// The backend's error if it could not be reached (the lease then ends
-    /// at its ttl), or [`Error::Timeout`] after `min(ttl, 30 s)`. Since such
-    /// a release may still reach the backend later, this `Lease` does not
-    /// take the name again until a ttl after the release was sent (by then
-    /// the old lease has ended in any case): a late release must not end a
-    /// newer lease behind its holder's back.
+    /// at its ttl), or [`Error::Timeout`] after `min(ttl, 30 s)`. Such a
+    /// release may still reach the backend later, so this `Lease` does not
+    /// take the name again until a ttl after it was sent: a late release
+    /// must not end a newer lease.
     ///
     /// # Cancel safety
     ///
     /// Dropping this future does not stop the release: if the backend has
-    /// not answered yet, the release is sent again in a task of its own
-    /// (releasing is idempotent). As the first request may still arrive
-    /// late, this `Lease` can acquire the name again a ttl after it was sent.
+    /// not answered yet, it is sent again in a task of its own, and the name
+    /// is kept from this `Lease` as above.
     pub async fn release(self) -> Result<(), Error> {
         let (engine, entry) = self.held.disarm();
         engine.release(&entry).await
@@ -130,13 +127,9 @@ impl LeaseGuard {
     /// a `SqliteConnection` for `SqliteTable` (see [`CheckIn`](crate::CheckIn)).
     ///
     /// One statement, judged by the server's clock, on the row of this
-    /// acquisition (name, holder, fencing token) — PostgreSQL: `SELECT ..
-    /// FOR SHARE`; MySQL/MariaDB: `SELECT .. LOCK IN SHARE MODE` (InnoDB's
-    /// share lock on the row blocks the acquisitions' and renewals' writes
-    /// of it); SQLite: a no-op `UPDATE` of the row, which makes the
-    /// transaction the database's one writer, since a `SELECT` in a deferred
-    /// transaction would not stop another connection's write in WAL mode.
-    /// On SQLite, check in before the transaction reads anything (or begin
+    /// acquisition: a share lock on PostgreSQL and MySQL/MariaDB; on SQLite
+    /// a no-op `UPDATE`, which makes the transaction the database's one
+    /// writer. On SQLite, check in before the transaction reads anything (or begin
     /// it with `BEGIN IMMEDIATE`): a deferred transaction that read before
     /// another connection wrote cannot become the writer (`SQLITE_BUSY`).
     /// SQLite's waiting writers poll rather than queue, so checked

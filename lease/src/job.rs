@@ -14,20 +14,10 @@ use crate::{CancellationToken, Error, Lease, LeaseGuard, Outcome, Skip};
 /// [run](Job::run) (or [acquired](Job::acquire)). Made by [`Lease::job`].
 ///
 /// It offers everything `#[singleton]` does (the attribute expands to it):
-///
-/// - [`min_hold`](Job::min_hold): keep the lease at least this long after
-///   acquiring it, even if the job finishes sooner (so that a fast job does
-///   not run twice in one tick across replicas);
-/// - [`max_hold`](Job::max_hold): a ceiling on renewal — that long after
-///   acquiring it, the token is cancelled; the lease is released when the
-///   job stops, or left to expire if it has not stopped within its grace;
-/// - [`grace`](Job::grace): how long before the lease could pass on the
-///   token fires when renewals fail (default `ttl/3`);
-/// - [`wait`](Job::wait): wait up to this long for the lease instead of
-///   skipping at once;
-/// - [`once_per`](Job::once_per) (and [`retry_failed`](Job::retry_failed)):
-///   run at most once per schedule slot across the fleet;
-/// - the fencing token, handed to the job next to its cancellation token.
+/// [`min_hold`](Job::min_hold), [`max_hold`](Job::max_hold),
+/// [`grace`](Job::grace), [`wait`](Job::wait), [`once_per`](Job::once_per)
+/// with [`retry_failed`](Job::retry_failed), and the fencing token, handed
+/// to the job next to its cancellation token.
 ///
 /// # Examples
 ///
@@ -100,14 +90,10 @@ impl<'a> Job<'a> {
 
     /// A ceiling on renewal: `max_hold` after the lease was acquired, the
     /// token is cancelled, and then the lease ends as at a
-    /// [`Lease::shutdown`]: it is still renewed while the job winds down,
-    /// for up to its [`grace`](Job::grace), and released as soon as the job
-    /// returns (or its guard is released or dropped); if the job is still
-    /// running when the grace is over, the lease is no longer renewed and
-    /// expires on the server. So a hung job keeps the lease at most
-    /// `max_hold + grace + ttl`, and another holder never gets it while the
-    /// job may still run. Counted in `lease_lost_total` with the reason
-    /// `max_hold` when the token fires.
+    /// [`Lease::shutdown`] (renewed for up to the [`grace`](Job::grace)
+    /// while the job winds down, released when it returns, else left to
+    /// expire). So a hung job keeps the lease at most `max_hold + grace +
+    /// ttl`. Counted in `lease_lost_total` with the reason `max_hold`.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.options.max_hold = Some(max_hold);
         self
@@ -205,10 +191,9 @@ impl<'a> Job<'a> {
     /// As [`Lease::with_lease`]: `Ran(value)` if `f` ran;
     /// `Skipped(HeldElsewhere)` (logged at debug), `Skipped(AlreadyRan)`
     /// ([`once_per`](Job::once_per), logged at debug) or `Skipped(Error(e))`
-    /// (logged at warn) if not. The lease is released when `f` returns, when
-    /// `f` panics (in the background; the panic continues), and when this
-    /// future is dropped while `f` runs (in the background). With
-    /// [`retry_failed`](Job::retry_failed), `f` returning is its success.
+    /// (logged at warn) if not; released as there (also on a panic or a
+    /// drop). With [`retry_failed`](Job::retry_failed), `f` returning is its
+    /// success.
     pub async fn run<F, Fut, T>(self, f: F) -> Outcome<T>
     where
         F: FnOnce(CancellationToken, Option<u64>) -> Fut,

@@ -27,12 +27,11 @@ use crate::{Backend, CancellationToken, Error, LeaseGuard, Outcome, validate};
 ///
 /// A `Lease` needs a [Tokio](https://tokio.rs) runtime (with its time
 /// driver): renewals run on one task, spawned on the runtime of the
-/// acquisition that finds no lease held. The task ends on its own at its
-/// next planned wake-up after the last lease has ended (at most `ttl/3`
-/// later) plus one second, and keeps the backend (its pool) until then. If
-/// that runtime shuts down while leases are still held, nothing renews them
-/// any more, so their tokens are cancelled at once; with several runtimes
-/// in one process (say, one per test), give each its own `Lease`.
+/// acquisition that finds no lease held. The task keeps the backend (its
+/// pool) until a little after the last lease has ended. If that runtime
+/// shuts down while leases are still held, nothing renews them any more, so
+/// their tokens are cancelled at once; with several runtimes in one process
+/// (say, one per test), give each its own `Lease`.
 ///
 /// # Examples
 ///
@@ -109,10 +108,9 @@ impl Lease {
     ///   invalid; `f` did not run. Logged at warn. For a periodic job this is
     ///   not a failure: the next tick tries again.
     ///
-    /// The lease is released when `f` returns, when `f` panics (the panic
-    /// then continues), and when this future is dropped while `f` runs (in
-    /// the background). A failed release is logged; the lease then ends when
-    /// its ttl runs out, and this `Lease` skips `name` until then.
+    /// The lease is released when `f` returns or panics, or when this future
+    /// is dropped. A failed release is logged; the lease then ends when its
+    /// ttl runs out, and this `Lease` skips `name` until then.
     ///
     /// # Examples
     ///
@@ -187,15 +185,11 @@ impl Lease {
     /// [`try_acquire`](Lease::try_acquire)); `Ok(None)` if another holder
     /// (or this `Lease`) still has it when `wait` is over.
     ///
-    /// Between attempts it waits for the backend to report a release —
-    /// about one round trip after it happens on backends whose server can
-    /// push it (PostgreSQL `LISTEN/NOTIFY`, Redis `PUBLISH`) — or for a
-    /// release within this `Lease`, and otherwise polls: every `ttl/10`
-    /// (between 10 ms and 1 s, with ±20% jitter). A notification is never
-    /// trusted: the waiter tries to acquire. A crashed holder's lease is
-    /// taken at its expiry, which the refused attempt (or one `inspect`)
-    /// reports, not a poll later. A zero `wait` is one attempt,
-    /// like `try_acquire`.
+    /// Between attempts it waits for a release: pushed by the server where
+    /// the backend can ([`backend`](crate::backend) says which), else polled
+    /// every `ttl/10` (10 ms to 1 s, ±20% jitter). A crashed holder's lease
+    /// is taken at its expiry, not a poll later. A zero `wait` is one
+    /// attempt, like `try_acquire`.
     ///
     /// # Examples
     ///
@@ -378,8 +372,7 @@ impl Lease {
     /// - [`Error::Timeout`] when the backend does not answer within
     ///   `min(ttl - grace, 30 s)` (grace = ttl/3 here, see
     ///   [`Job::grace`](crate::Job::grace));
-    /// - the backend's error when it fails (connection refused, SQL error, ...).
-    ///
+    /// - the backend's error when it fails (connection refused, SQL error, ...);
     /// - [`Error::NoRuntime`] outside a Tokio runtime.
     ///
     /// # Cancel safety
@@ -489,7 +482,9 @@ impl Lease {
     /// token, wait for the bodies to stop, release each lease as soon as its
     /// body has ended, and let the renewal task end. Afterwards every
     /// acquisition through this `Lease` or a clone fails with
-    /// [`Error::ShutDown`], and elections stop.
+    /// [`Error::ShutDown`], and elections stop. Call it when the process is
+    /// asked to stop, so that a rolling deploy hands the leases over as soon
+    /// as the jobs have stopped instead of after a ttl.
     ///
     /// A *body* is the closure of [`with_lease`](Lease::with_lease),
     /// [`Job::run`](crate::Job::run) or `#[singleton]` until it returns, and
@@ -498,28 +493,19 @@ impl Lease {
     ///
     /// - each lease is still renewed while its body winds down, for up to
     ///   its grace ([`Job::grace`](crate::Job::grace), `ttl/3` by default),
-    ///   and released as soon as the body ends (its release awaited, within
-    ///   `min(ttl, 30 s)`);
-    /// - a body still running when its grace is over keeps its lease
-    ///   unreleased and unrenewed: it expires on the server, at most a ttl
-    ///   later (logged at warn, with the lease's name);
-    /// - a lease kept for its [`min_hold`](crate::Job::min_hold) (its body
-    ///   returned early) is not released either: releasing it would let
-    ///   another replica run the job again within `min_hold`. It expires on
-    ///   the server, at most a ttl later.
+    ///   and released as soon as the body ends (within `min(ttl, 30 s)`);
+    /// - a body still running when its grace is over keeps its lease,
+    ///   unrenewed, to expire on the server (logged at warn);
+    /// - a lease kept for its [`min_hold`](crate::Job::min_hold) is not
+    ///   released either (another replica could run the job again): it
+    ///   expires on the server, at most a ttl later.
     ///
-    /// So `shutdown` returns within the largest grace plus the release's time
-    /// limit (after the acquisitions in flight, below).
-    ///
-    /// An acquisition already on its way to the backend fails with
-    /// [`Error::ShutDown`] too: a lease granted to it after `shutdown` was
-    /// called is released at once. `shutdown` waits for such acquisitions
-    /// (within their time limits, the acquire's and then the release's), so
-    /// that when it returns this `Lease` holds nothing.
-    ///
-    /// Call it when the process is asked to stop, so that a rolling deploy
-    /// hands the leases over as soon as the jobs have stopped instead of
-    /// after a ttl:
+    /// An acquisition in flight fails with [`Error::ShutDown`] too (a lease
+    /// granted to it is released at once), and `shutdown` waits for it. So
+    /// `shutdown` returns within the time limits of those acquisitions plus
+    /// the largest grace plus the release's time limit, and then this
+    /// `Lease` holds nothing. Releases already running in the background
+    /// (of guards dropped earlier) are not awaited.
     ///
     /// ```no_run
     /// # async fn serve(lease: leasehold::Lease) {
@@ -527,9 +513,6 @@ impl Lease {
     /// lease.shutdown().await;
     /// # }
     /// ```
-    ///
-    /// Releases already running in the background (of guards dropped
-    /// earlier) are not awaited.
     pub async fn shutdown(&self) {
         self.engine.shut_down().await;
     }

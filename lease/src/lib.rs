@@ -104,20 +104,13 @@
 //! ```
 //!
 //! `name` and `ttl` are required; each is a literal (checked at compile
-//! time) or an expression evaluated at each call (`name = format!("report-{tenant}")`,
-//! `ttl = self.ttl`). `lease = ...` picks the [`Lease`] (it defaults to the
-//! one installed with [`set_global_default`]), `token` and `fence` give the
-//! body the lease's [`CancellationToken`] and fencing token, `min_hold`
-//! keeps the lease for a while after a fast body, `max_hold` ends it after a
-//! while however long the body takes, `grace` sets how long before the lease
-//! could pass on the token fires when renewals fail, `wait` waits for the lease instead of
-//! skipping, `on_error = "return"` returns an acquisition error as the fn's
-//! `Err` instead of skipping, and `crate` names a re-export of this crate;
-//! see [`singleton`] for each argument. The
-//! return type must implement [`Skippable`]: `()`, `bool`, `Option<T>`,
+//! time) or an expression evaluated at each call (`name = format!("report-{tenant}")`).
+//! The return type must implement [`Skippable`]: `()`, `bool`, `Option<T>`,
 //! `Result<(), E>` or `Result<Option<T>, E>`, whose skipped values are `()`,
 //! `false`, `None`, `Ok(())` and `Ok(None)`. Mistakes in the arguments are
-//! compile errors.
+//! compile errors. See [`singleton`] for the other arguments (`lease`,
+//! `token`, `fence`, `min_hold`, `max_hold`, `grace`, `wait`, `once_per`,
+//! `retry_failed`, `on_error`, `crate`); the attribute does what [`Lease::job`] does.
 //!
 //! # Without the macro
 //!
@@ -133,11 +126,8 @@
 //!   protects; released by [`release`](LeaseGuard::release) or on drop.
 //! - [`set_global_default`] installs the `Lease` that `#[singleton]` fns use
 //!   without `lease = ...`.
-//! - [`backend`] has the stores: [`Memory`](backend::Memory) for tests;
-//!   tables in SQLite, PostgreSQL and MySQL/MariaDB behind the features
-//!   `sqlite`, `postgres` and `mysql`; PostgreSQL advisory locks (`postgres`)
-//!   Redis (`redis`) and etcd (`etcd`). Its module docs compare their guarantees.
-//!   Implement [`Backend`] for another one.
+//! - [`backend`] has the stores (see [Features](#features)) and compares
+//!   their guarantees. Implement [`Backend`] for another one.
 //! - [`Error`] is the one error type; invalid input (a name over 255 bytes, a
 //!   ttl outside [`MIN_TTL`]..=[`MAX_TTL`]) has variants of its own.
 //!
@@ -195,85 +185,6 @@
 //!   `wait`, and the fencing token.
 //! - [`Lease::acquire`] waits for a lease; [`Lease::elect`] runs a leader
 //!   election.
-//! # Equivalent code without the attribute
-//!
-//! The attribute keeps the fn's signature and turns its body into a single
-//! call of one runtime function, where all the behaviour lives. The
-//! `nightly_report` example (in [Trying it without a
-//! database](#trying-it-without-a-database)) expands to this (`__private` is not public API — write the
-//! attribute instead):
-//!
-//! ```
-//! # use std::time::Duration;
-//! # use leasehold::Lease;
-//! async fn nightly_report(pod: &Lease, orders: &[u64]) -> Option<u64> {
-//!     let __lease = ::leasehold::__private::AsLease::as_lease(&(pod));
-//!     ::leasehold::__private::run(
-//!         __lease,
-//!         ::leasehold::__private::Settings {
-//!             name: "nightly-report",
-//!             ttl: ::core::time::Duration::from_millis(90000u64),
-//!             min_hold: ::core::option::Option::None,
-//!             max_hold: ::core::option::Option::None,
-//!             grace: ::core::option::Option::None,
-//!             wait: ::core::option::Option::None,
-//!             once_per: ::core::option::Option::None,
-//!             retry_failed: false,
-//!         },
-//!         move |cancel, _| async move {
-//!             // Never taken: makes the block's type the fn's return type, so
-//!             // that a type error is reported in the body, not in here.
-//!             #[allow(
-//!                 unreachable_code,
-//!                 clippy::diverging_sub_expression,
-//!                 clippy::empty_loop,
-//!                 clippy::let_unit_value,
-//!                 clippy::let_with_type_underscore,
-//!                 clippy::needless_return,
-//!             )]
-//!             if false {
-//!                 let __fake_return: Option<u64> = loop {};
-//!                 return __fake_return;
-//!             }
-//!             {
-//!                 let mut total = 0;
-//!                 for amount in orders {
-//!                     if cancel.is_cancelled() {
-//!                         return None;
-//!                     }
-//!                     tokio::time::sleep(Duration::from_millis(10)).await;
-//!                     total += amount;
-//!                 }
-//!                 Some(total)
-//!             }
-//!         },
-//!     )
-//!     .await
-//! }
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! # let pod = Lease::new(leasehold::backend::Memory::new());
-//! # assert_eq!(nightly_report(&pod, &[120, 80]).await, Some(200));
-//! # }
-//! ```
-//!
-//! `run` does what [`Lease::job`] does — acquire, run the body with the
-//! token, renew every `ttl/3`, release — and maps a skipped run to
-//! [`Skippable::skipped`] (logged at debug when the lease is held elsewhere,
-//! at warn when the store could not be reached or an argument given as an
-//! expression is invalid, at error when there is no lease at all). An
-//! expression argument goes into `Settings` as written (a `name` through
-//! `__private::AsName`, which copies it), evaluated before the closure takes
-//! the body's captures. With `on_error = "return"` the call is
-//! `__private::run_or_err`, which returns an acquisition error as
-//! `Err(e.into())`. The locals `__lease` and `__fake_return` are hygienic:
-//! the body cannot see them.
-//!
-//! The body keeps its braces, as above, unless it is a single expression:
-//! `{ Some(0) }` goes in as `Some(0)`, right after the `if false { .. }`.
-//! Kept, its braces would enclose the async block's value alone, which
-//! rustc warns about on your code (`unused_braces`).
-//!
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

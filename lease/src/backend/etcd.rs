@@ -1,29 +1,12 @@
-//! [`Etcd`]: one etcd lease per acquisition, transactions for acquire and
-//! release, a keep-alive and a linearizable read of the key per renewal,
-//! and one watch over the key prefix per backend value.
+//! [`Etcd`]: one etcd lease per acquisition (docs/ARCHITECTURE.md).
 //!
-//! # Ground rules
-//!
-//! - A lease name has up to three keys ([`EtcdKey`]): `{prefix}{name}`,
-//!   whose value is the holder, attached to an etcd lease; beside it, the
-//!   published value on the same etcd lease, and the schedule ledger
-//!   without one. The keys beside it put the byte `0xff`, which UTF-8 never
-//!   uses, after the name, so no lease name's key is one of them.
-//! - Every acquisition grants a fresh etcd lease, and creates the key only
-//!   if it is absent: the key's `create_revision` identifies the
-//!   acquisition (its fencing token).
-//! - Renew and release concern one acquisition. A renewal's keep-alive is
-//!   trusted only if a linearizable read, sent with it, finds the key with
-//!   that acquisition's fencing token, holder and etcd lease; a release
-//!   deletes the key only if it is the acquisition's, then revokes. A
-//!   forced release with a lock delay empties the key's value (no holder is
-//!   empty) and leaves it to its etcd lease's expiry.
-//! - A backend value remembers, for its clones too, the etcd lease of each
-//!   acquisition it made. Another value finds it by reading the key.
-//! - A backend value has one watch over its prefix (`etcd/watch.rs`): a
-//!   deleted or emptied key, or a changed value, wakes its waiters; a
-//!   change of a held key other than its holder's own put resolves that
-//!   holder's `lost` hint.
+//! - Renew and release concern one acquisition: the key's fencing token,
+//!   holder and etcd lease. A backend value remembers, for its clones too,
+//!   the etcd lease of each acquisition it made; another value reads it
+//!   from the key.
+//! - The keys beside `{prefix}{name}` ([`EtcdKey`]) put the byte `0xff`,
+//!   which UTF-8 never uses, after the name, so no lease name's key is one
+//!   of them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -50,72 +33,56 @@ use watch::{HolderWatch, KeyWatch};
 ///
 /// # Calls
 ///
-/// An acquisition grants an etcd lease (the ttl rounded up to whole
-/// seconds; the cluster may raise it to its minimum, about 1.5 election
-/// timeouts) and puts the key on it iff the key is absent: two round trips
-/// (a re-acquire by the same holder moves the key to the new etcd lease,
-/// keeping the fencing token: three). A renewal is a keep-alive and a
-/// linearizable read of the key: one round trip. A release deletes the key
-/// iff it is the acquisition's, then revokes the etcd lease. The ttl asked
-/// for stays the holder's local deadline; etcd frees the key when the etcd
-/// lease expires, up to the rounding plus its expiry check (every 500 ms)
-/// later. Each call fails with [`Error::Timeout`] after the backend's
+/// An acquisition puts the key `{prefix}{name}`, whose value is the holder,
+/// iff it is absent, on a new etcd lease of the ttl rounded up to whole
+/// seconds (the cluster may raise it to its minimum, about 1.5 election
+/// timeouts). The ttl asked for stays the holder's local deadline; etcd
+/// frees the key when the etcd lease expires, up to the rounding plus its
+/// expiry check (every 500 ms) after the ttl. An acquisition
+/// takes two round trips (a re-acquire three), a renewal one. Each call
+/// fails with [`Error::Timeout`] after the backend's
 /// [timeout](Etcd::with_timeout) (default 5 s).
 ///
-/// # Values, schedule slots and forced releases
+/// # Other keys and fencing tokens
 ///
-/// Beside the key `{prefix}{name}` (whose value stays the holder), a name
-/// may have keys that start with it and the byte `0xff` (never part of a
-/// name): `value`, the value published with the lease
-/// ([`Election::proclaim`](crate::Election::proclaim)), on the
+/// Beside the key, a name may have keys that start with it and the byte
+/// `0xff` (never part of a name): `value`, the value published with the
+/// lease ([`Election::proclaim`](crate::Election::proclaim)), on the
 /// acquisition's etcd lease, so it ends with the lease; and `slot/` and 20
 /// digits, the schedule ledger ([`Job::once_per`](crate::Job::once_per)),
 /// without an etcd lease, so it outlives release and expiry. Slots are read
-/// from this process's clock (etcd has none to offer). Each is written in
-/// the transaction of the acquisition, release or publication it belongs
-/// to; [`inspect`](Backend::inspect) reads all three in one.
+/// from this process's clock (etcd has none to offer).
 ///
-/// [`force_release`](Backend::force_release) empties the key's value,
-/// keeping its etcd lease: the holder's renewals fail from then on, and
-/// nobody acquires the name until the etcd lease expires. The renewal that
-/// learns of the eviction still extends the etcd lease once, so the delay
-/// may last up to a ttl past the expiry `inspect` reported just before.
-///
-/// # Fencing tokens
-///
-/// The key's `create_revision`: the cluster's revision at the put that
-/// created it. Revisions grow with every write, so the tokens of one name
-/// grow strictly with each acquisition (by more than one).
+/// The fencing token is the key's `create_revision`. Revisions grow with
+/// every write, so the tokens of one name grow strictly with each
+/// acquisition (by more than one).
 ///
 /// # Waiting and watching
 ///
-/// A backend value (with its clones) keeps one etcd watch over its prefix,
-/// from its first waiter or holder until 10 s after the last. A waiter
+/// A backend value and its clones keep one etcd watch over the prefix while
+/// they have a waiter or a holder (and 10 s after). Through it a waiter
 /// ([`Lease::acquire`](crate::Lease::acquire), an
 /// [`Election`](crate::Election), [`Lease::observe`](crate::Lease::observe))
-/// learns through it that a key was deleted (released, expired, revoked)
-/// or force-released, or that its published value changed, about one
-/// round trip later. A holder
-/// learns that its key was deleted or taken over about one round trip
-/// after that committed: the engine renews at once, and the renewal that
-/// finds the lease lost cancels the token. While the watch is down, waiters
-/// poll and holders renew every `ttl/3`, as they do anyway. A process sees
-/// every acquisition and release under its prefix: give each application
-/// its own.
+/// learns that a key was deleted (released, expired, revoked) or
+/// force-released, or that its published value changed, and a holder that
+/// its key was deleted or taken over, about one round trip after it
+/// committed. The holder's engine then renews at once, and that renewal
+/// decides. While the watch is down, waiters poll and holders renew every
+/// `ttl/3`, as they do anyway. A process sees every acquisition and release
+/// under its prefix: give each application its own.
 ///
 /// # Faults
 ///
-/// - **A member fails** (crash, restart, partition): requests to it fail
-///   (the client asks for a leader, so a member cut off from it refuses),
-///   and the engine retries them, through the other endpoints, until the
-///   lease's local deadline. A new leader restarts every etcd lease's TTL.
-///   Without a majority nothing succeeds: the holder stops at its local
-///   deadline, and nobody acquires until a majority is back.
+/// - **A member fails** (crash, restart, partition): the engine retries,
+///   through the other endpoints, until the lease's local deadline. A new
+///   leader restarts every etcd lease's TTL. Without a majority nothing
+///   succeeds: the holder stops at its local deadline, and nobody acquires
+///   until a majority is back.
 /// - **The etcd lease is revoked** (`etcdctl lease revoke`) or **the key is
 ///   deleted** (`etcdctl del`): another holder may acquire at once, and the
-///   watch tells the holder about one round trip later (its next renewal,
-///   within `ttl/3`, if the watch is down). Until then both may believe
-///   they hold the lease: only the fencing token tells their writes apart.
+///   holder learns of it about one round trip later (by the watch, else at
+///   its next renewal). Until then both may believe they hold the lease:
+///   only the fencing token tells their writes apart.
 /// - **A leader is paused and resumes** believing it still leads: it may
 ///   answer a keep-alive it can no longer honour (etcd before 3.4.28 and
 ///   3.5.11, issue #15247), and revoke leases that their holders renewed
@@ -127,8 +94,7 @@ use watch::{HolderWatch, KeyWatch};
 ///
 /// `etcd-client` compiles etcd's protobuf definitions in its build script,
 /// which needs `protoc`: install it (`apt-get install protobuf-compiler`,
-/// `brew install protobuf`) or set `PROTOC` to its path. (This repository's
-/// `.cargo/config.toml` points `PROTOC` at a vendored one for its own builds.)
+/// `brew install protobuf`) or set `PROTOC` to its path.
 ///
 /// # Examples
 ///
@@ -203,10 +169,9 @@ impl Etcd {
     /// requests over them and does not discover other members. Give it
     /// every member, so that it goes on when one fails.
     ///
-    /// The connection sends HTTP/2 pings (every 5 s, 2 s to answer) so that
-    /// a member that went silent is noticed, asks for a leader on every
-    /// request (a member cut off from the leader refuses at once), and
-    /// gives up connecting after the default timeout (5 s).
+    /// The connection notices a silent member by HTTP/2 pings (every 5 s,
+    /// 2 s to answer), asks for a leader on every request (a member cut off
+    /// from the leader refuses at once), and gives up connecting after 5 s.
     ///
     /// # Errors
     ///
@@ -806,12 +771,8 @@ impl Backend for Etcd {
             .granted())
     }
 
-    /// Acquire as [`acquire`](Backend::acquire) does, claiming the slot of
-    /// this process's clock and publishing the value in the same
-    /// transaction (see [Values, schedule slots and forced
-    /// releases](Etcd#values-schedule-slots-and-forced-releases)).
-    /// [`Acquired::HeldElsewhere`] does not say when the lease expires
-    /// (that is another request).
+    /// The slot's clock is this process's. [`Acquired::HeldElsewhere`] does
+    /// not say when the lease expires (that is another request).
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
         validate::call(request.name, request.holder, request.ttl)?;
         if let Some(value) = request.value {
@@ -861,9 +822,9 @@ impl Backend for Etcd {
         self.release_with(lease, Some(slot)).await
     }
 
-    /// Sets or deletes the value key on the acquisition's etcd lease, iff
-    /// the key is still the acquisition's (one transaction; a read of the
-    /// key first if this value did not make the acquisition).
+    // Sets or deletes the value key on the acquisition's etcd lease, iff
+    // the key is still the acquisition's (one transaction; a read of the
+    // key first if this value did not make the acquisition).
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         if let Some(value) = value {
@@ -888,9 +849,7 @@ impl Backend for Etcd {
         .await
     }
 
-    /// The keys of `name` (one transaction) and its etcd lease's
-    /// remaining TTL (another request); `Ok(None)` when there is neither a
-    /// key nor a ledger (never acquired, or released or expired without
+    /// `Ok(None)` when there is neither a key nor a ledger (never acquired, or released or expired without
     /// `once_per`: etcd deletes the key with its lease). A released or
     /// expired name with a ledger has no holder and no fencing token.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
@@ -911,8 +870,7 @@ impl Backend for Etcd {
         .await
     }
 
-    /// Every lease under the prefix (one range read, then one `LeaseTimeToLive`
-    /// per key, sent together), sorted by name; as
+    /// Every lease under the prefix, sorted by name, as
     /// [`inspect`](Backend::inspect) answers each. Names are the keys without
     /// the prefix (a key that is not UTF-8 is shown lossily).
     ///
@@ -943,12 +901,11 @@ impl Backend for Etcd {
         .await
     }
 
-    /// Evict the holder of `name` with a lock delay: empty the key's value
-    /// (and delete the published value) iff it names a holder, keeping its
-    /// etcd lease (one transaction). The holder's renewals fail from then
-    /// on (the watch tells it about one round trip later), and the key
-    /// stays until its etcd lease expires, up to the ttl of the last
-    /// acquisition or renewal: nobody acquires it before. A key without an
+    /// Empties the key's value (no holder) and deletes the published value,
+    /// keeping the key's etcd lease: nobody acquires the name until it
+    /// expires. The holder learns by the watch. The renewal that learns of
+    /// the eviction still extends the etcd lease once, so the delay may
+    /// last up to a ttl past the expiry `inspect` reported just before. A key without an
     /// etcd lease, which this backend never writes, is not held (as
     /// [`inspect`](Backend::inspect) says): only
     /// [`force_release_now`](Backend::force_release_now) deletes it.
@@ -976,13 +933,10 @@ impl Backend for Etcd {
         .await
     }
 
-    /// End the lease on `name` now, whoever holds it: delete its key and
-    /// published value (one transaction), then revoke its etcd lease.
+    /// Deletes the key and published value, then revokes the etcd lease.
     /// `Ok(true)` if there was a key (also one kept by
-    /// [`force_release`](Backend::force_release)), `Ok(false)` if not. The
-    /// evicted holder learns by the watch (at its next renewal, within
-    /// `ttl/3`, if the watch is down) and its token is cancelled; the next
-    /// acquisition's fencing token is larger (revisions only grow).
+    /// [`force_release`](Backend::force_release)). The evicted holder
+    /// learns by the watch (or at its next renewal).
     ///
     /// # Errors
     ///
@@ -997,16 +951,14 @@ impl Backend for Etcd {
         .await
     }
 
-    /// The watch: a delete or eviction of the key, or a change of its
-    /// published value, about one round trip after it commits; else
-    /// `poll`. See [Waiting and watching](Etcd#waiting-and-watching).
+    /// See [Waiting and watching](Etcd#waiting-and-watching).
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         self.watch().released(name.to_owned(), poll)
     }
 
-    /// The watch: a change of the key other than this acquisition's put,
-    /// about one round trip after it commits; `None` for an acquisition
-    /// this value did not make. See [Waiting and watching](Etcd#waiting-and-watching).
+    /// A change of the key other than this acquisition's put; `None` for an
+    /// acquisition this value did not make. See [Waiting and
+    /// watching](Etcd#waiting-and-watching).
     fn lost(&self, lease: Acquisition<'_>) -> Option<impl Future<Output = ()> + Send + 'static> {
         let fence = lease.fencing_token?;
         let id = self

@@ -156,9 +156,10 @@ impl Fencing {
 /// derives from its name ([`with_key`](PgAdvisory::with_key) sets another).
 /// How it differs from the table backends:
 ///
-/// - **No expiry.** A lock lives as long as the session holding it; the
-///   `ttl` only sets the heartbeat (every `ttl/3`, answered within `ttl/3`
-///   or retried) and the local deadline after which the holder's token is
+/// - **No expiry.** A lock lives as long as the session holding it
+///   ([`inspect`](Backend::inspect) reports [`Duration::MAX`]); the `ttl`
+///   only sets the heartbeat (every `ttl/3`, answered within `ttl/3` or
+///   retried) and the local deadline after which the holder's token is
 ///   cancelled. A crashed process loses its locks when the server sees its
 ///   connections end (for a vanished host, when TCP keepalive gives up).
 /// - **Takeover as soon as the holder's session ends** (say
@@ -173,43 +174,36 @@ impl Fencing {
 ///   Settings that end idle sessions (`idle_session_timeout`) end the locks.
 /// - **A direct connection or a session-mode pooler is required**: behind a
 ///   transaction-mode pooler, locks land on sessions other clients use.
+/// - **Release-on-drop is not immediate.** A connection that may still hold
+///   a lock (after a failure, a lost session, a cancelled call, a dropped
+///   guard) is closed, and the server frees the lock when the end reaches
+///   it: a round trip later, or once a stalled network is back. Await
+///   [`LeaseGuard::release`](crate::LeaseGuard::release) to know the lock
+///   is gone.
 ///
 /// A heartbeat that fails, or finds the lock gone, loses the lease at once.
-/// One that does not answer in time keeps the lock: the
-/// holder's token fires `grace` before the lock could pass on, and the lock
-/// stays held while the body stops — until it releases, or until a ttl
-/// after the last answered heartbeat was sent, when the connection is
-/// closed. Release unlocks on the holding connection, which goes back to
-/// the pool only if the unlock answers `true`. A connection that holds or
-/// may hold a lock (after a failure, a lost session, a cancelled call) is
-/// closed instead, and the server frees the lock when the end reaches it: a
-/// round trip later, or once a stalled network is back. So
-/// **release-on-drop is not immediate**: await
-/// [`LeaseGuard::release`](crate::LeaseGuard::release) to know the lock is
-/// gone. Clones share their locks. The unlock notifies waiters on the
-/// channel `lease_advisory` (the key in decimal); a lock that ends with its
-/// session notifies nobody, and waiters poll.
+/// One that does not answer in time keeps the lock: the holder's token
+/// fires `grace` before the lock could pass on, and the lock stays held
+/// while the body stops — until it releases, or until a ttl after the last
+/// answered heartbeat was sent, when the connection is closed. Clones share
+/// their locks.
 ///
 /// # What it cannot do
 ///
-/// - **No expiry** (inspected, a lock expires in [`Duration::MAX`]).
 /// - **No `once_per`** ([`Job::once_per`](crate::Job::once_per)), **no
 ///   value** ([`Election::proclaim`](crate::Election::proclaim)): no record
 ///   keeps them. Both fail with [`Error::Unsupported`].
 /// - **Only the immediate forced release**: with a lock delay,
 ///   [`force_release`](Backend::force_release) is [`Error::Unsupported`]
 ///   (the lock ends with its session); [`force_release_now`](Backend::force_release_now).
-/// - **Fencing tokens only [`with_fencing`](PgAdvisory::with_fencing)**.
 ///
 /// # Runtime shutdown
 ///
-/// A lock stays held until it is released or lost, or the last clone of
-/// this backend (with the `Lease` and guards that keep one) is dropped,
-/// which closes its connection, inside a runtime or outside any. If the
-/// runtime that renews a [`Lease`](crate::Lease) shuts down first, its
-/// tokens are cancelled but its locks stay held until then (or the process
-/// exits): give each runtime its own `Lease` and let it go with the
-/// runtime, as the values created in a `#[tokio::main]` `main` do.
+/// If the runtime that renews a [`Lease`](crate::Lease) shuts down, its
+/// tokens are cancelled but its locks stay held until the last clone of
+/// this backend (with the `Lease` and guards that keep one) is dropped, or
+/// the process exits: give each runtime its own `Lease` and let it go with
+/// the runtime, as the values created in a `#[tokio::main]` `main` do.
 ///
 /// # Examples
 ///
@@ -639,9 +633,9 @@ impl PgAdvisory {
 }
 
 impl Backend for PgAdvisory {
-    /// `pg_try_advisory_lock` on a connection from the pool, kept while the
-    /// lock is held. An idempotent re-acquire runs the heartbeat instead
-    /// (session locks would stack). [`Error::NoRuntime`] outside a runtime.
+    /// [`Error::NoRuntime`] outside a tokio runtime.
+    // An idempotent re-acquire runs the heartbeat instead of locking again
+    // (session locks would stack).
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         validate::call(name, holder, ttl)?;
         Handle::try_current().map_err(|_| Error::NoRuntime)?;
@@ -713,13 +707,11 @@ impl Backend for PgAdvisory {
         Ok(Some(Grant::new(fence)))
     }
 
-    /// The heartbeat: `Ok(true)` iff the holding connection still holds the
-    /// lock (in `pg_locks`); `Ok(false)` once it is gone, or the connection
-    /// failed (it is closed). [`Error::Timeout`] if it has not answered
-    /// within `ttl/3`: the lock is kept, its heartbeat still waiting for
-    /// the answer, until a ttl after the last one that answered was sent
-    /// (and `ttl/3` after this one), then its connection is closed. With
-    /// fencing, the token must be the held acquisition's.
+    /// The heartbeat: `Ok(false)` once the lock is gone or its connection
+    /// failed. [`Error::Timeout`] if it has not answered within `ttl/3`; the
+    /// lock is then kept a while (see [`PgAdvisory`]).
+    // The heartbeat checks `pg_locks` for our own pid and key. With fencing,
+    // the token must be the held acquisition's.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         validate::call(lease.name, lease.holder, ttl)?;
         match self.lock(lease.name, lease.holder) {
@@ -730,9 +722,9 @@ impl Backend for PgAdvisory {
         }
     }
 
-    /// `pg_advisory_unlock` on the holding connection, which goes back to the
-    /// pool only if the unlock succeeded; otherwise it is closed. With
-    /// fencing, the token must be the held acquisition's.
+    // `pg_advisory_unlock` on the holding connection, which goes back to the
+    // pool only if the unlock succeeded; otherwise it is closed. With
+    // fencing, the token must be the held acquisition's.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let (name, holder) = (lease.name, lease.holder);

@@ -16,20 +16,12 @@
 //! holder that crashed) costs at most a poll, never a hang.
 //!
 //! - **Resubscription.** When the subscription is lost ([`Event::Lost`],
-//!   or [`Source::subscribe`] fails), the task subscribes again after
-//!   100 ms, doubling up to 10 s while it keeps failing. Once subscribed
-//!   it wakes *every* waiter, since releases in between went unseen. The
-//!   first subscription wakes them too: a release between a waiter's
-//!   attempt and the subscription is not missed.
+//!   or [`Source::subscribe`] fails), the task subscribes again (after
+//!   100 ms, doubling up to 10 s). Every subscription, the first too, wakes
+//!   *every* waiter, since releases before it went unseen.
 //! - **Lifetime.** The task ends when the [`Push`] is dropped (with the
-//!   last clone of the backend), when nobody has waited for 10 s (the next
-//!   waiter starts it again), and when its runtime shuts down (the next
-//!   waiter starts it on its own runtime).
-//!
-//! The built-in sources: PostgreSQL's `LISTEN` (`push/pg.rs`, for
-//! `PgTable` and `PgAdvisory`), Redis' `SUBSCRIBE` (`redis.rs`) and etcd's
-//! watch (`etcd/watch.rs`, whose holders also listen on it:
-//! [`Source::busy`], [`Push::listen`]).
+//!   last clone of the backend), when nobody has waited for 10 s, and when
+//!   its runtime shuts down; the next waiter starts it again.
 //!
 //! # Example
 //!

@@ -26,88 +26,43 @@ use crate::backend::push::{Event, Push, Source};
 use crate::backend::{Acquired, MAX_BATCH, Request};
 use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
-/// Leases as Redis keys: `SET key value NX PX ttl`, renewed and released by
-/// Lua scripts that first check the key still holds this acquisition, with
-/// fencing tokens. Expiry follows the server's clock.
+/// Leases as Redis keys, with fencing tokens. Expiry follows the server's clock.
 ///
 /// # Keys
 ///
-/// The lease `name` is the lock key `{prefix}{{esc(name)}}`, which holds
-/// `{fencing token}:{holder}` for the lease's ttl, and the fence key
-/// `{lock key}:fence`, a counter that every acquisition (not an idempotent
-/// re-acquire) increases and that never expires: one small key per name
-/// ever acquired (two with a schedule ledger, see [Schedule slots, values,
-/// forced releases](Redis#schedule-slots-values-forced-releases)). `esc` percent-encodes `%`, `{` and `}`, so both keys share
-/// a Redis Cluster hash slot and no two names share a key (`a{b}`:
-/// `lease:{a%7Bb%7D}`). Renew and release compare the whole value: a late
+/// The lease `name` has the lock key [`{prefix}{{esc(name)}}`](Redis::lock_key),
+/// which holds `{fencing token}:{holder}` for the ttl, and the
+/// [fence key](Redis::fence_key) `{lock key}:fence`: a counter without expiry
+/// that every acquisition (not an idempotent re-acquire) increases. A name
+/// may also have `{lock key}:slot`, the [`once_per`](crate::Job::once_per)
+/// ledger (no expiry, never goes back), and `{lock key}:value`, the value its
+/// holder [proclaims](crate::Election::proclaim). `esc` percent-encodes `%`,
+/// `{` and `}`, so a name's keys share a Redis Cluster hash slot and no two
+/// names share a key. Renew and release compare the whole value: a late
 /// request of an older acquisition never touches a newer one. A fence key
 /// lost while its lock lives is restored from the lock; lost while none
 /// lives, tokens start again at 1.
 /// [`with_go_locker_protocol`](Redis::with_go_locker_protocol) switches to
-/// the Go `lock` package's keys.
+/// the Go `lock` package's keys. [`set_fenced`](Redis::set_fenced) guards
+/// the application's own keys with the fencing tokens.
 ///
-/// # Calls and connection
+/// # Calls and time
 ///
 /// Each call is one script, one round trip; [`Backend::renew_many`] is one
-/// script per 1,000 keys (per hash slot on a cluster; per key where a
-/// cluster this client does not know of refuses several slots with
-/// `CROSSSLOT`). They go on one connection of the backend's own, shared by
-/// its clones: from a pool, one taken out of it for good (the pool's
-/// settings and hooks apply; no other user of the pool can hold it up). A
-/// request left without an answer (an I/O error, `READONLY`, a timeout)
-/// retires the connection, and the call is sent once more on a new one,
-/// within the backend's [timeout](Redis::with_timeout) (5 s, then
-/// [`Error::Timeout`]). Each request is also bounded by the connection's
-/// response timeout (redis': 500 ms) and a renewal by the engine's `ttl/3`:
-/// choose a ttl well above three times the server's worst answer time (a
-/// server with `appendfsync always` waits for its disk).
+/// script per 1,000 keys (per hash slot on a cluster). The backend takes one
+/// connection out of the pool for good, shared by its clones (the pool's
+/// settings and hooks apply). A call gets at most the backend's
+/// [timeout](Redis::with_timeout) (5 s, then [`Error::Timeout`]), each
+/// request the connection's response timeout (redis': 500 ms), and a renewal
+/// the engine's `ttl/3`: choose a ttl well above three times the server's
+/// worst answer time (a server with `appendfsync always` waits for its disk).
 ///
 /// # Waiting
 ///
-/// Releases are published on [`release_channel`](Redis::release_channel).
-/// With [`with_pubsub`](Redis::with_pubsub), waiters wake about one round
-/// trip after a release. They also poll (every `ttl/10`, at most 1 s): how
-/// they learn of an expired lock (a crashed holder), of a Go replica's
-/// release, and of everything without pub/sub.
-///
-/// # Schedule slots, values, forced releases
-///
-/// Beside the lock and fence keys, in their hash slot (so all of it works
-/// on a Redis Cluster), a name may have two more keys; each call below is
-/// still one script, one round trip (`EVALSHA`):
-///
-/// - the ledger `{lock key}:slot`, the last schedule slot claimed
-///   ([`Job::once_per`](crate::Job::once_per)), without expiry: it
-///   outlives release and expiry and never goes back.
-///   [`acquire_with`](Backend::acquire_with) reads Redis `TIME` in the
-///   acquire script, takes the slot `floor(ms / period)`, refuses a slot at
-///   or below the ledger's ([`Acquired::AlreadyRan`], whoever holds the
-///   lock) and records it with the grant; with `retry_failed`, the release
-///   script of [`release_ran`](Backend::release_ran) records it instead
-///   (never lowering it, even after the lease was lost). A plain `acquire`
-///   neither reads `TIME` nor the ledger.
-/// - the value `{lock key}:value`, what the holder published
-///   ([`Election::proclaim`](crate::Election::proclaim)), as
-///   `{fence}:{value}`: set or deleted by every grant, set by
-///   [`publish`](Backend::publish) (which also `PUBLISH`es the name, so
-///   that waiters and [`Lease::observe`](crate::Lease::observe) look again),
-///   deleted by a release or forced release. [`inspect`](Backend::inspect)
-///   reports it only while the lock holds the acquisition of that fence:
-///   the value of a lock that expired is not reported, and is replaced or
-///   deleted at the name's next acquisition.
-///
-/// [`force_release`](Backend::force_release) keeps a lock delay: the lock
-/// keeps its expiry and loses its holder (`{fence}:`), so the evicted
-/// holder's renewals fail and nobody acquires the name before that expiry;
-/// [`force_release_now`](Backend::force_release_now) deletes the lock.
-/// [`acquire_with`](Backend::acquire_with) answers a lock held by another
-/// (or force-released) with its `PTTL`
-/// ([`Acquired::HeldElsewhere`]), so that a waiter tries again at the
-/// expiry itself. In the [Go locker's
-/// protocol](Redis::with_go_locker_protocol) there is no ledger and no
-/// value ([`Error::Unsupported`]); its force-released lock is the empty
-/// string. [`set_fenced`](Redis::set_fenced) guards the application's own
-/// keys with the fencing tokens.
+/// With [`with_pubsub`](Redis::with_pubsub) (or [`connect`](Redis::connect)),
+/// waiters wake about one round trip after a release. They also poll (every
+/// `ttl/10`, at most 1 s): how they learn of an expired lock (a crashed
+/// holder), of a Go replica's release, and of everything without pub/sub.
 ///
 /// # What can lose a lease
 ///
@@ -182,10 +137,8 @@ impl Redis {
 
     /// A backend on `pool`, with the key prefix `lease:` and a 5 s timeout per call.
     ///
-    /// Waiters poll for a release (every ttl/10, at most 1 s) unless the
-    /// backend also has a client to subscribe with: a deadpool pool cannot
-    /// subscribe, so add [`with_pubsub`](Redis::with_pubsub), or build the
-    /// backend with [`connect`](Redis::connect), which does both.
+    /// A pool cannot subscribe, so waiters poll unless you add
+    /// [`with_pubsub`](Redis::with_pubsub); [`connect`](Redis::connect) does both.
     pub fn new(pool: Pool) -> Self {
         Self::from_link(RedisLink::new(RedisOrigin::Pool(pool), None))
     }
@@ -221,8 +174,7 @@ impl Redis {
     }
 
     /// A backend on a [`redis::Client`](::redis::Client) the application
-    /// already has: it opens its connection from it (see [Calls and
-    /// connection](Redis#calls-and-connection)). Key prefix `lease:`, 5 s timeout.
+    /// already has: it opens its connection from it. Key prefix `lease:`, 5 s timeout.
     ///
     /// # Examples
     ///
@@ -288,13 +240,8 @@ impl Redis {
     /// [`release_channel`](Redis::release_channel) on a connection opened
     /// from `client`, which must reach the same server (or cluster) as the
     /// calls. A pool cannot subscribe (its connections are multiplexed),
-    /// hence the client: build it from the pool's URL.
-    ///
-    /// The first waiter opens the subscription, and every waiter of the
-    /// backend value and its clones shares it. It is checked with `PING`
-    /// every 30 s, opened again after a failure (every waiter then tries
-    /// once more: releases in between went unseen), and closed 10 s after
-    /// the last waiter is gone. See [Waiting](Redis#waiting).
+    /// hence the client: build it from the pool's URL. The backend and its
+    /// clones share one subscription (see [`push`](crate::backend::push)).
     ///
     /// # Examples
     ///
@@ -348,8 +295,6 @@ impl Redis {
     /// no schedule slots ([`Job::once_per`](crate::Job::once_per)) and no
     /// published values ([`Election::proclaim`](crate::Election::proclaim)):
     /// those calls answer [`Error::Unsupported`].
-    /// [`force_release`](Backend::force_release) empties the lock, keeping
-    /// its expiry (a Go locker's `SET NX` fails on it too).
     ///
     /// The two layouts use different keys and do not exclude each other:
     /// switch back to the default only once no Go replica takes the lock,
@@ -400,8 +345,7 @@ impl Redis {
     /// Give every Redis call (getting a connection, the command, and its one
     /// retry on a new connection together) at most `timeout` (default 5 s);
     /// a call that takes longer fails with [`Error::Timeout`], and its
-    /// connection is retired (see [Calls and connection](Redis#calls-and-connection)).
-    /// A zero timeout makes every call fail.
+    /// connection is replaced. A zero timeout makes every call fail.
     pub fn with_timeout(self, timeout: Duration) -> Self {
         Self { timeout, ..self }
     }
@@ -634,9 +578,8 @@ impl Source for RedisReleases {
 }
 
 impl Backend for Redis {
-    /// One script: takes the lock if it is free, or extends it if it holds
-    /// `holder` already (same fencing token); the fenced layout's `INCR` of
-    /// the fence key is in the same script.
+    // One script: takes the lock if it is free, or extends it if it holds
+    // `holder` already (same fencing token), with the fence key's `INCR`.
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         Ok(self
             .acquire_with(Request::new(name, holder, ttl))
@@ -644,10 +587,8 @@ impl Backend for Redis {
             .granted())
     }
 
-    /// One script, as [`acquire`](Backend::acquire): it also reads Redis
-    /// `TIME` and the ledger for the slot, and writes the value (see
-    /// [Schedule slots, values, forced releases](Redis#schedule-slots-values-forced-releases)).
-    /// [`Acquired::HeldElsewhere`] carries the lock's `PTTL`.
+    /// The slot's clock is Redis `TIME`. [`Acquired::HeldElsewhere`]
+    /// carries the lock's `PTTL`, so a waiter tries again at the expiry.
     ///
     /// # Errors
     ///
@@ -682,21 +623,17 @@ impl Backend for Redis {
         ))
     }
 
-    /// `PEXPIRE lock ttl` iff the lock still holds this acquisition.
+    // `PEXPIRE lock ttl` iff the lock still holds this acquisition.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         let renewed = self.renew_many(&[(lease, ttl)]).await?;
         Ok(renewed.first() == Some(&true))
     }
 
-    /// `DEL lock` (and its value) iff the lock still holds this
-    /// acquisition, and `PUBLISH` of the name. The fence key stays.
+    /// Deletes the lock and its value and publishes the name. The fence key stays.
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         self.release_with(lease, None).await
     }
 
-    /// One script: the ledger's `SET` to `slot` unless it holds a larger
-    /// one (whoever holds the lock), then [`release`](Backend::release)'s.
-    ///
     /// # Errors
     ///
     /// As [`release`](Backend::release); [`Error::Unsupported`] in the [Go
@@ -705,8 +642,7 @@ impl Backend for Redis {
         self.release_with(lease, Some(slot)).await
     }
 
-    /// One script: iff the lock holds this acquisition, `SET` (or `DEL`)
-    /// of the value key and `PUBLISH` of the name on the [release
+    /// Also publishes the name on the [release
     /// channel](Redis::release_channel), so that waiters and
     /// [`Lease::observe`](crate::Lease::observe) look again.
     ///
@@ -737,15 +673,15 @@ impl Backend for Redis {
         Ok(self.run_one::<i64>("publish", call).await? == 1)
     }
 
-    /// One script: the lock's value, Redis' own `PTTL`, the fence counter,
-    /// the ledger (the last slot) and the value (reported while the lock
-    /// holds the acquisition that published it). A released or expired
-    /// lock leaves only its fence key and ledger: `expires_in: None`, the
-    /// last fencing token and an **empty** `holder`; `Ok(None)` when none
-    /// of them exists. A force-released lock has an empty `holder` and is
-    /// [`forced`](LeaseInfo::forced) until it expires. In the Go locker's protocol the `holder` is
-    /// known only for this backend value's own acquisitions, there is no
-    /// fencing token, and a released lock is `Ok(None)`.
+    /// The value is reported while the lock holds the acquisition that
+    /// published it. A released or expired lock leaves only its fence key
+    /// and ledger: `expires_in: None`, the last fencing token and an
+    /// **empty** `holder`; `Ok(None)` when none of them exists. A
+    /// force-released lock has an empty `holder` and is
+    /// [`forced`](LeaseInfo::forced) until it expires. In the Go locker's
+    /// protocol the `holder` is known only for this backend value's own
+    /// acquisitions, there is no fencing token, and a released lock is
+    /// `Ok(None)`.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
         let call = self.protocol.inspect_call(self.lock_key(name));
@@ -788,35 +724,27 @@ impl Backend for Redis {
         Ok(leases)
     }
 
-    /// One script, the lock delay: a lock that names a holder keeps its
-    /// `PTTL` and loses its holder (`SET lock {fence}: KEEPTTL`; in the Go
-    /// locker's protocol the empty string), its value is deleted and the
-    /// name published. The evicted acquisition's renewals fail from then
-    /// on, and every acquire is refused until the lock expires;
-    /// [`inspect`](Backend::inspect) reports it [`forced`](LeaseInfo::forced).
-    /// The fence key stays, so the next acquisition gets a larger fencing
-    /// token. `Ok(false)` when there is no lock, or it was force-released
-    /// already. A lock without expiry, which this backend never writes,
-    /// has none to wait for: it is deleted.
+    /// The lock keeps its `PTTL` and loses its holder (`{fence}:`; in the
+    /// Go locker's protocol the empty string, which a Go locker's `SET NX`
+    /// also fails on); its value is deleted and the name published. `Ok(false)` when there is no
+    /// lock, or it was force-released already. A lock without expiry,
+    /// which this backend never writes, is deleted.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
         let call = self.force_call(&SCRIPTS.force_release, name);
         Ok(self.run_one::<i64>("force_release", call).await? == 1)
     }
 
-    /// One script: `DEL` of the lock key (also one kept by
-    /// [`force_release`](Backend::force_release)) and its value, whoever
-    /// holds it, and the release's `PUBLISH` if it existed. The fence key
-    /// and the ledger stay.
+    /// Deletes the lock (also one kept by
+    /// [`force_release`](Backend::force_release)) and its value, and
+    /// publishes the name. The fence key and the ledger stay.
     async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
         let call = self.force_call(&SCRIPTS.force_release_now, name);
         Ok(self.run_one::<i64>("force_release", call).await? == 1)
     }
 
-    /// With [`with_pubsub`](Redis::with_pubsub): the release script's
-    /// `PUBLISH`, about one round trip after the release; otherwise, and
-    /// while the subscription is down, `poll`. See [Waiting](Redis#waiting).
+    /// See [Waiting](Redis#waiting).
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         let push = self.pubsub.as_ref().map(|client| {
             self.push.get_or_init(|| {
@@ -834,8 +762,7 @@ impl Backend for Redis {
         }
     }
 
-    /// One script over all the keys (per 1,000, and per hash slot on a
-    /// cluster), which answers for each lease.
+    // One script per 1,000 keys (and per hash slot on a cluster).
     async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         // Leases without a lock value cannot be ours: `false` without asking.
         let mut ours = Vec::with_capacity(leases.len());
