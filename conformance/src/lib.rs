@@ -99,7 +99,7 @@
 //!   bytes, compared byte for byte.
 //! - A backend checks its own input where it is called directly: an
 //!   invalid name in `force_release` and `force_release_now`, an over-long
-//!   value in `acquire_with`. [`leasehold::backend::validate`] has the
+//!   value or a `once_per` period out of bounds in `acquire_with`. [`leasehold::backend::validate`] has the
 //!   checks.
 //!
 //! What is particular to `leasehold`'s own backends is not in this suite:

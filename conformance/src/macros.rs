@@ -129,6 +129,7 @@ macro_rules! conformance {
             once_per::each_slot_runs_once_across_skewed_ticks,
             once_per::a_crashed_or_failed_run_does_not_run_its_slot_again,
             once_per::retry_failed_runs_a_failed_slot_again,
+            once_per::a_period_out_of_bounds_is_invalid,
             values::a_value_over_4_kib_is_invalid,
             values::a_follower_sees_the_leaders_value,
             values::an_observer_sees_the_holder_and_the_hand_over,

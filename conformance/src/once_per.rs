@@ -11,7 +11,7 @@ use leasehold::{Acquired, Backend, Error, Lease, OncePer, Outcome, Request, Skip
 use tokio::time::{Instant, sleep};
 
 use crate::Subject;
-use crate::support::{LONG, TTL, acq, lapse, lease, ms, unique};
+use crate::support::{LONG, TTL, acq, acquire, fence, lapse, lease, ms, unique};
 
 /// A period whose slot does not change during a test (a year and a day:
 /// one slot boundary a year).
@@ -226,5 +226,42 @@ pub async fn retry_failed_runs_a_failed_slot_again<S: Subject>(s: &S) {
     assert!(
         matches!(skipped, Outcome::Skipped(Skip::AlreadyRan { slot: s }) if s == slot),
         "{skipped:?}"
+    );
+}
+
+/// A period that is not whole milliseconds from 1 ms to
+/// `leasehold::MAX_PERIOD` is refused with `Error::InvalidDuration`:
+/// through a job, and by the backend called directly (a backend without
+/// slots may answer `Error::Unsupported` instead). Nothing is taken: the
+/// name is free afterwards.
+pub async fn a_period_out_of_bounds_is_invalid<S: Subject>(s: &S) {
+    let name = unique("period");
+    let invalid = |e: &Error| {
+        matches!(
+            e,
+            Error::InvalidDuration {
+                argument: "once_per",
+                ..
+            }
+        )
+    };
+    let a = lease(s, "holder-a");
+    for period in [Duration::ZERO, YEAR + ms(1), Duration::from_micros(1_500)] {
+        let answer = a.job(&name, TTL).once_per(period).acquire().await;
+        assert!(
+            matches!(&answer, Err(e) if invalid(e)),
+            "{period:?}: {answer:?}"
+        );
+        let request = Request::new(&name, "holder-a", TTL).once_per(OncePer::new(period));
+        let answer = s.backend().acquire_with(request).await;
+        let unsupported = |e: &Error| !s.caps().once_per && matches!(e, Error::Unsupported { .. });
+        assert!(
+            matches!(&answer, Err(e) if invalid(e) || unsupported(e)),
+            "{period:?}: the backend answered {answer:?}"
+        );
+    }
+    assert_eq!(
+        acquire(&s.backend(), &name, "holder-b", TTL).await,
+        Some(fence(s, 1))
     );
 }

@@ -110,18 +110,16 @@ pub fn value(value: &str) -> Result<(), Error> {
 ///
 /// The first that fails: [`Error::InvalidName`], [`Error::InvalidHolder`],
 /// [`Error::InvalidTtl`], [`Error::InvalidDuration`] (the period) or
-/// [`Error::InvalidValue`].
-pub fn request(request: &Request<'_>) -> Result<(), Error> {
-    name(request.name)?;
-    holder(request.holder)?;
-    ttl(request.ttl)?;
+/// [`Error::InvalidValue`]. On success, the ttl in whole milliseconds.
+pub fn request(request: &Request<'_>) -> Result<u32, Error> {
+    let ttl_ms = call(request.name, request.holder, request.ttl)?;
     if let Some(once_per) = request.once_per {
         self::once_per(once_per.period)?;
     }
     if let Some(value) = request.value {
         self::value(value)?;
     }
-    Ok(())
+    Ok(ttl_ms)
 }
 
 /// The inputs of a backend call with a ttl (acquire, renew), checked as the

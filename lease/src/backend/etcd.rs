@@ -774,10 +774,7 @@ impl Backend for Etcd {
     /// The slot's clock is this process's. [`Acquired::HeldElsewhere`] does
     /// not say when the lease expires (that is another request).
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
-        validate::call(request.name, request.holder, request.ttl)?;
-        if let Some(value) = request.value {
-            validate::value(value)?;
-        }
+        validate::request(&request)?;
         self.bounded("acquire", self.try_acquire(request)).await
     }
 

@@ -596,10 +596,7 @@ impl Backend for Redis {
     /// `once_per` or a value in the [Go locker's
     /// protocol](Redis::with_go_locker_protocol).
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired> {
-        let ttl_ms = validate::call(request.name, request.holder, request.ttl)?;
-        if let Some(value) = request.value {
-            validate::value(value)?;
-        }
+        let ttl_ms = validate::request(&request)?;
         if request.once_per.is_some() {
             self.fenced_only("once_per")?;
         }

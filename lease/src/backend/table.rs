@@ -614,6 +614,7 @@ impl<D: Dialect> Backend for Table<D> {
     /// is by the server's clock (SQLite: the host's);
     /// [`Error::Schema`] on a table without `last_slot` and `value`.
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
+        let ttl_ms = i64::from(validate::request(&request)?);
         let Request {
             name,
             holder,
@@ -622,13 +623,7 @@ impl<D: Dialect> Backend for Table<D> {
             value,
             ..
         } = request;
-        let ttl_ms = check(name, holder, ttl)?;
-        if let Some(once_per) = once_per {
-            validate::once_per(once_per.period)?;
-        }
-        if let Some(value) = value {
-            validate::value(value)?;
-        } else if once_per.is_none() {
+        if value.is_none() && once_per.is_none() {
             let grant = self.acquire(name, holder, ttl).await?;
             let held = Acquired::HeldElsewhere { expires_in: None };
             return Ok(grant.map_or(held, Acquired::Granted));
