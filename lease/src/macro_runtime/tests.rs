@@ -7,16 +7,12 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{AsLease, AsName, Settings, run, run_or_err};
 use crate::backend::Memory;
-use crate::test_util::capture_logs;
+use crate::test_util::{capture_logs, ms, paused_runtime, pods};
 use crate::{Error, Lease, Skippable};
 
 /// ttl 3 s: renewed every 1 s.
 const TTL_MS: u64 = 3_000;
 const TTL: Duration = Duration::from_millis(TTL_MS);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// The settings of `name = "job", ttl = "3s"`.
 fn job() -> Settings<'static> {
@@ -38,13 +34,6 @@ fn min_hold(n: u64) -> Settings<'static> {
         min_hold: Some(ms(n)),
         ..job()
     }
-}
-
-fn pods() -> (Memory, Lease, Lease) {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
-    (db, a, b)
 }
 
 /// Run a body that records that it ran and returns `value`.
@@ -253,18 +242,11 @@ async fn a_panicking_body_releases_at_once_despite_min_hold() {
 
 #[test]
 fn a_runtime_shutting_down_during_min_hold_frees_the_name() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
     let a = Lease::with_holder(Memory::new(), "a");
-    let rt = runtime();
+    let rt = paused_runtime();
     rt.block_on(run(Some(a.clone()), min_hold(10_000), |_, _| async {}));
     drop(rt);
-    let rt = runtime();
+    let rt = paused_runtime();
     let guard = rt.block_on(a.try_acquire("job", TTL)).unwrap();
     assert!(
         guard.is_some(),
@@ -317,77 +299,71 @@ async fn run_with(a: &Lease, settings: Settings<'_>) -> (Option<u8>, bool) {
     (out, ran.into_inner().unwrap())
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_invalid_run_time_name_is_skipped_and_logged() {
-    let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    let long = "x".repeat(256);
-    for name in ["", long.as_str()] {
-        let (out, ran) = run_with(&a, Settings { name, ..job() }).await;
-        assert_eq!((out, ran), (None, false), "{name:?}");
-        assert_eq!(db.holder(name), None);
-    }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 2, "{logs}");
-    assert!(logs.contains("invalid lease name (0 bytes)"), "{logs}");
-    assert!(logs.contains("invalid lease name (256 bytes)"), "{logs}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn an_invalid_run_time_ttl_is_skipped_and_logged() {
-    let (_db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    for ttl in [
-        Duration::ZERO,
-        ms(9),
-        Duration::from_micros(10_500),
-        crate::MAX_TTL + ms(1),
-        Duration::MAX,
-    ] {
-        let (out, ran) = run_with(&a, Settings { ttl, ..job() }).await;
-        assert_eq!((out, ran), (None, false), "{ttl:?}");
-    }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 5, "{logs}");
-    assert_eq!(logs.matches("invalid ttl").count(), 5, "{logs}");
-}
-
 /// The limits a literal gets at compile time hold for expressions at run
-/// time: up to 24 h, whole milliseconds, `max_hold` not zero.
+/// time: a name of 1 to 255 bytes; a ttl, `min_hold` and `max_hold` up to
+/// 24 h, whole milliseconds, a ttl of 10 ms or more and `max_hold` not
+/// zero; `wait` in whole milliseconds. Outside them the run is skipped,
+/// nothing is acquired, and a warning says why.
 #[tokio::test(start_paused = true)]
-async fn invalid_run_time_durations_are_skipped_and_logged() {
+async fn invalid_run_time_settings_are_skipped_and_logged() {
     let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
+    let long = "x".repeat(256);
     let day_and_a_ms = crate::MAX_TTL + ms(1);
+    let invalid = |ttl| (Settings { ttl, ..job() }, "invalid ttl");
     let bad = [
-        Settings {
-            min_hold: Some(day_and_a_ms),
-            ..job()
-        },
-        Settings {
-            max_hold: Some(Duration::ZERO),
-            ..job()
-        },
-        Settings {
-            max_hold: Some(day_and_a_ms),
-            ..job()
-        },
-        Settings {
-            wait: Some(Duration::from_micros(1_500)),
-            ..job()
-        },
+        (
+            Settings { name: "", ..job() },
+            "invalid lease name (0 bytes)",
+        ),
+        (
+            Settings {
+                name: &long,
+                ..job()
+            },
+            "invalid lease name (256 bytes)",
+        ),
+        invalid(Duration::ZERO),
+        invalid(ms(9)),
+        invalid(Duration::from_micros(10_500)),
+        invalid(day_and_a_ms),
+        invalid(Duration::MAX),
+        (
+            Settings {
+                min_hold: Some(day_and_a_ms),
+                ..job()
+            },
+            "invalid `min_hold`",
+        ),
+        (
+            Settings {
+                max_hold: Some(Duration::ZERO),
+                ..job()
+            },
+            "invalid `max_hold`",
+        ),
+        (
+            Settings {
+                max_hold: Some(day_and_a_ms),
+                ..job()
+            },
+            "invalid `max_hold`",
+        ),
+        (
+            Settings {
+                wait: Some(Duration::from_micros(1_500)),
+                ..job()
+            },
+            "invalid `wait`",
+        ),
     ];
-    for settings in bad {
-        let (out, ran) = run_with(&a, settings).await;
-        assert_eq!((out, ran), (None, false), "{settings:?}");
-        assert_eq!(db.holder("job"), None, "not even acquired");
+    for (settings, warning) in bad {
+        let (logs, _guard) = capture_logs();
+        assert_eq!(run_with(&a, settings).await, (None, false), "{settings:?}");
+        assert_eq!(db.holder(settings.name), None, "not even acquired");
+        let logs = logs.text();
+        assert_eq!(logs.matches("WARN").count(), 1, "{logs}");
+        assert_eq!(logs.matches(warning).count(), 1, "{logs}");
     }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 4, "{logs}");
-    assert_eq!(logs.matches("invalid `min_hold`").count(), 1, "{logs}");
-    assert_eq!(logs.matches("invalid `max_hold`").count(), 2, "{logs}");
-    assert_eq!(logs.matches("invalid `wait`").count(), 1, "{logs}");
-
     // The boundaries themselves are fine.
     let good = Settings {
         min_hold: Some(Duration::ZERO),
