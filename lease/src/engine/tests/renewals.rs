@@ -53,22 +53,6 @@ async fn renews_every_third_of_the_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn memory_lease_survives_many_ttls_and_blocks_others() {
-    let (db, a, b) = pods();
-    let guard = a.try_acquire("job", TTL).await.unwrap().unwrap();
-    for _ in 0..10 {
-        sleep(TTL).await;
-        assert!(b.try_acquire("job", TTL).await.unwrap().is_none());
-    }
-    assert!(guard.is_valid());
-    assert_eq!(db.holder("job").as_deref(), Some("a"));
-    guard.release().await.unwrap();
-    assert_eq!(db.holder("job"), None);
-    let guard = b.try_acquire("job", TTL).await.unwrap().unwrap();
-    assert_eq!(guard.fencing_token(), Some(2));
-}
-
-#[tokio::test(start_paused = true)]
 async fn definite_loss_cancels_at_once() {
     let backend = Scripted::new(
         [Step::Answer(true), Step::Answer(false)],
