@@ -577,13 +577,8 @@ mod tests {
     }
 
     impl Backend for Counting {
-        async fn acquire(
-            &self,
-            name: &str,
-            holder: &str,
-            ttl: Duration,
-        ) -> Result<Option<Grant>, Error> {
-            self.inner.acquire(name, holder, ttl).await
+        async fn acquire(&self, n: &str, h: &str, ttl: Duration) -> Result<Option<Grant>, Error> {
+            self.inner.acquire(n, h, ttl).await
         }
         async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
             self.inner.renew(lease, ttl).await

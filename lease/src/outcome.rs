@@ -98,4 +98,10 @@ mod tests {
         let source = std::error::Error::source(&failed).expect("a source");
         assert_eq!(source.to_string(), "backend error");
     }
+
+    #[test]
+    fn a_skip_for_a_lease_held_elsewhere_is_no_value_and_no_error() {
+        let skipped: Outcome<()> = Outcome::Skipped(Skip::HeldElsewhere);
+        assert_eq!(skipped.into_result().unwrap(), None);
+    }
 }

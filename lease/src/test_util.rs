@@ -2,6 +2,31 @@
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::Lease;
+use crate::backend::Memory;
+
+pub(crate) fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A current-thread runtime with tokio's clock paused.
+pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// One `Memory` and two `Lease`s on it, of holders "a" and "b".
+pub(crate) fn pods() -> (Memory, Lease, Lease) {
+    let db = Memory::new();
+    let a = Lease::with_holder(db.clone(), "a");
+    let b = Lease::with_holder(db.clone(), "b");
+    (db, a, b)
+}
 
 /// What a [`capture_logs`] subscriber has written so far.
 #[derive(Clone, Default)]

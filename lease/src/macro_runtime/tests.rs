@@ -7,16 +7,12 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{AsLease, AsName, Settings, run, run_or_err};
 use crate::backend::Memory;
-use crate::test_util::capture_logs;
+use crate::test_util::{capture_logs, ms, paused_runtime, pods};
 use crate::{Error, Lease, Skippable};
 
 /// ttl 3 s: renewed every 1 s.
 const TTL_MS: u64 = 3_000;
 const TTL: Duration = Duration::from_millis(TTL_MS);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// The settings of `name = "job", ttl = "3s"`.
 fn job() -> Settings<'static> {
@@ -38,13 +34,6 @@ fn min_hold(n: u64) -> Settings<'static> {
         min_hold: Some(ms(n)),
         ..job()
     }
-}
-
-fn pods() -> (Memory, Lease, Lease) {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
-    (db, a, b)
 }
 
 /// Run a body that records that it ran and returns `value`.
@@ -253,18 +242,11 @@ async fn a_panicking_body_releases_at_once_despite_min_hold() {
 
 #[test]
 fn a_runtime_shutting_down_during_min_hold_frees_the_name() {
-    let runtime = || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap()
-    };
     let a = Lease::with_holder(Memory::new(), "a");
-    let rt = runtime();
+    let rt = paused_runtime();
     rt.block_on(run(Some(a.clone()), min_hold(10_000), |_, _| async {}));
     drop(rt);
-    let rt = runtime();
+    let rt = paused_runtime();
     let guard = rt.block_on(a.try_acquire("job", TTL)).unwrap();
     assert!(
         guard.is_some(),
@@ -317,117 +299,154 @@ async fn run_with(a: &Lease, settings: Settings<'_>) -> (Option<u8>, bool) {
     (out, ran.into_inner().unwrap())
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_invalid_run_time_name_is_skipped_and_logged() {
-    let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    let long = "x".repeat(256);
-    for name in ["", long.as_str()] {
-        let (out, ran) = run_with(&a, Settings { name, ..job() }).await;
-        assert_eq!((out, ran), (None, false), "{name:?}");
-        assert_eq!(db.holder(name), None);
-    }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 2, "{logs}");
-    assert!(logs.contains("invalid lease name (0 bytes)"), "{logs}");
-    assert!(logs.contains("invalid lease name (256 bytes)"), "{logs}");
+/// `job()` with one setting changed.
+fn with_ttl(ttl: Duration) -> Settings<'static> {
+    Settings { ttl, ..job() }
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_invalid_run_time_ttl_is_skipped_and_logged() {
-    let (_db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    for ttl in [
-        Duration::ZERO,
-        ms(9),
-        Duration::from_micros(10_500),
-        crate::MAX_TTL + ms(1),
-        Duration::MAX,
-    ] {
-        let (out, ran) = run_with(&a, Settings { ttl, ..job() }).await;
-        assert_eq!((out, ran), (None, false), "{ttl:?}");
+fn with_grace(grace: Duration) -> Settings<'static> {
+    Settings {
+        grace: Some(grace),
+        ..job()
     }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 5, "{logs}");
-    assert_eq!(logs.matches("invalid ttl").count(), 5, "{logs}");
+}
+
+fn with_once_per(period: Duration, retry_failed: bool) -> Settings<'static> {
+    Settings {
+        once_per: Some(period),
+        retry_failed,
+        ..job()
+    }
 }
 
 /// The limits a literal gets at compile time hold for expressions at run
-/// time: up to 24 h, whole milliseconds, `max_hold` not zero.
+/// time, checked at each call: a name of 1 to 255 bytes; a ttl from 10 ms,
+/// `min_hold` and `max_hold` (not zero) up to 24 h, and `wait`, in whole
+/// milliseconds; a grace from the margin (ttl/100 + 2 ms) to ttl/2; a
+/// `once_per` from 1 ms to 366 days. Outside them the run is skipped,
+/// nothing is acquired, and a warning says why; the boundaries run.
 #[tokio::test(start_paused = true)]
-async fn invalid_run_time_durations_are_skipped_and_logged() {
+async fn invalid_run_time_settings_are_skipped_and_logged() {
     let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
+    let long = "x".repeat(256);
     let day_and_a_ms = crate::MAX_TTL + ms(1);
-    let bad = [
+    let mut bad = vec![
+        (
+            Settings { name: "", ..job() },
+            "invalid lease name (0 bytes)",
+        ),
+        (
+            Settings {
+                name: &long,
+                ..job()
+            },
+            "invalid lease name (256 bytes)",
+        ),
+        (with_ttl(Duration::ZERO), "invalid ttl"),
+        (with_ttl(ms(9)), "invalid ttl"),
+        (with_ttl(Duration::from_micros(10_500)), "invalid ttl"),
+        (with_ttl(day_and_a_ms), "invalid ttl"),
+        (with_ttl(Duration::MAX), "invalid ttl"),
+        (
+            Settings {
+                min_hold: Some(day_and_a_ms),
+                ..job()
+            },
+            "invalid `min_hold`",
+        ),
+        (
+            Settings {
+                max_hold: Some(Duration::ZERO),
+                ..job()
+            },
+            "invalid `max_hold`",
+        ),
+        (
+            Settings {
+                max_hold: Some(day_and_a_ms),
+                ..job()
+            },
+            "invalid `max_hold`",
+        ),
+        (
+            Settings {
+                wait: Some(Duration::from_micros(1_500)),
+                ..job()
+            },
+            "invalid `wait`",
+        ),
+        (with_grace(ms(31)), "invalid `grace`"),
+        (with_grace(ms(1_501)), "invalid `grace`"),
+    ];
+    for period in [
+        Duration::ZERO,
+        Duration::from_micros(1_500),
+        crate::MAX_PERIOD + ms(1),
+    ] {
+        for retry_failed in [false, true] {
+            bad.push((with_once_per(period, retry_failed), "invalid `once_per`"));
+        }
+    }
+    for (settings, warning) in bad {
+        let (logs, _guard) = capture_logs();
+        assert_eq!(run_with(&a, settings).await, (None, false), "{settings:?}");
+        assert_eq!(db.holder(settings.name), None, "not even acquired");
+        let logs = logs.text();
+        assert_eq!(logs.matches("WARN").count(), 1, "{logs}");
+        assert_eq!(logs.matches(warning).count(), 1, "{logs}");
+    }
+    // Each `once_per` under a name of its own: a slot's number depends on
+    // the period.
+    let good = [
         Settings {
-            min_hold: Some(day_and_a_ms),
+            min_hold: Some(Duration::ZERO),
+            max_hold: Some(crate::MAX_TTL),
+            wait: Some(Duration::ZERO),
             ..job()
         },
+        with_grace(ms(32)),
+        with_grace(ms(1_500)),
         Settings {
-            max_hold: Some(Duration::ZERO),
-            ..job()
+            name: "shortest",
+            ..with_once_per(ms(1), false)
         },
         Settings {
-            max_hold: Some(day_and_a_ms),
-            ..job()
-        },
-        Settings {
-            wait: Some(Duration::from_micros(1_500)),
-            ..job()
+            name: "longest",
+            ..with_once_per(crate::MAX_PERIOD, false)
         },
     ];
-    for settings in bad {
-        let (out, ran) = run_with(&a, settings).await;
-        assert_eq!((out, ran), (None, false), "{settings:?}");
-        assert_eq!(db.holder("job"), None, "not even acquired");
+    for settings in good {
+        let ran = run_with(&a, settings).await;
+        assert_eq!(ran, (Some(1), true), "{settings:?}");
+        sleep(ms(1)).await; // the lease is released in the background
     }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 4, "{logs}");
-    assert_eq!(logs.matches("invalid `min_hold`").count(), 1, "{logs}");
-    assert_eq!(logs.matches("invalid `max_hold`").count(), 2, "{logs}");
-    assert_eq!(logs.matches("invalid `wait`").count(), 1, "{logs}");
-
-    // The boundaries themselves are fine.
-    let good = Settings {
-        min_hold: Some(Duration::ZERO),
-        max_hold: Some(crate::MAX_TTL),
-        wait: Some(Duration::ZERO),
-        ..job()
-    };
-    assert_eq!(run_with(&a, good).await, (Some(1), true));
 }
 
-/// A `grace` expression is checked at each call against the ttl, from the
-/// margin (ttl/100 + 2 ms) to ttl/2: outside, the run is skipped with
-/// `Error::InvalidGrace`, logged; inside, it sets when failing renewals
-/// fire the token.
+/// With `on_error = "return"`, an invalid grace or `once_per` is the
+/// error returned (and it is logged all the same).
 #[tokio::test(start_paused = true)]
-async fn a_run_time_grace_is_checked_against_the_ttl() {
-    let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    for grace in [ms(31), ms(1_501)] {
-        let settings = Settings {
-            grace: Some(grace),
-            ..job()
-        };
-        assert_eq!(run_with(&a, settings).await, (None, false), "{grace:?}");
-        assert_eq!(db.holder("job"), None, "not even acquired");
+async fn run_or_err_returns_an_invalid_grace_or_once_per() {
+    let (_db, a, _) = pods();
+    let grace = |grace| (with_grace(grace), Error::InvalidGrace { grace, ttl: TTL });
+    let once_per = |duration| {
+        let argument = "once_per";
+        let invalid = Error::InvalidDuration { argument, duration };
+        (with_once_per(duration, false), invalid)
+    };
+    for (settings, invalid) in [
+        grace(ms(31)),
+        grace(ms(1_501)),
+        once_per(Duration::ZERO),
+        once_per(Duration::from_micros(1_500)),
+        once_per(crate::MAX_PERIOD + ms(1)),
+    ] {
+        let (logs, _guard) = capture_logs();
         let returned: Result<(), Error> =
-            super::run_or_err(Some(a.clone()), settings, |_, _| async { Ok(()) }).await;
-        assert!(
-            matches!(returned, Err(Error::InvalidGrace { grace: g, ttl: TTL }) if g == grace),
-            "{returned:?}"
-        );
-    }
-    let logs = logs.text();
-    assert_eq!(logs.matches("invalid `grace`").count(), 4, "{logs}");
-    for grace in [ms(32), ms(1_500)] {
-        let settings = Settings {
-            grace: Some(grace),
-            ..job()
-        };
-        assert_eq!(run_with(&a, settings).await, (Some(1), true), "{grace:?}");
+            run_or_err(Some(a.clone()), settings, |_, _| async { Ok(()) }).await;
+        // `Error` is not `PartialEq`: compared as printed.
+        let expected: Result<(), Error> = Err(invalid);
+        assert_eq!(format!("{returned:?}"), format!("{expected:?}"));
+        assert_eq!(logs.text().matches("WARN").count(), 1, "{}", logs.text());
     }
 }
 
@@ -671,52 +690,5 @@ async fn retry_failed_runs_a_failed_slot_again_until_it_succeeds() {
             assert_eq!(call(&a, false).await, Ok(()), "skipped");
             assert_eq!(*runs.lock().unwrap(), ["a"]);
         }
-    }
-}
-
-/// A `once_per` expression is checked at each call: zero, a fraction of a
-/// millisecond or more than 366 days skips the run with
-/// `Error::InvalidDuration`, logged at warn.
-#[tokio::test(start_paused = true)]
-async fn an_invalid_run_time_once_per_is_skipped_and_logged() {
-    let (db, a, _) = pods();
-    let (logs, _guard) = capture_logs();
-    for period in [
-        Duration::ZERO,
-        Duration::from_micros(1_500),
-        crate::MAX_PERIOD + ms(1),
-    ] {
-        for retry_failed in [false, true] {
-            let settings = Settings {
-                once_per: Some(period),
-                retry_failed,
-                ..job()
-            };
-            assert_eq!(run_with(&a, settings).await, (None, false), "{period:?}");
-            assert_eq!(db.holder("job"), None, "not even acquired");
-        }
-        let settings = Settings {
-            once_per: Some(period),
-            ..job()
-        };
-        let returned: Result<(), Error> =
-            run_or_err(Some(a.clone()), settings, |_, _| async { Ok(()) }).await;
-        assert!(
-            matches!(returned, Err(Error::InvalidDuration { argument: "once_per", duration }) if duration == period),
-            "{returned:?}"
-        );
-    }
-    let logs = logs.text();
-    assert_eq!(logs.matches("WARN").count(), 9, "{logs}");
-    assert_eq!(logs.matches("invalid `once_per`").count(), 9, "{logs}");
-    // The boundaries themselves are fine (each under a name of its own: a
-    // slot's number depends on the period).
-    for (name, period) in [("shortest", ms(1)), ("longest", crate::MAX_PERIOD)] {
-        let settings = Settings {
-            name,
-            once_per: Some(period),
-            ..job()
-        };
-        assert_eq!(run_with(&a, settings).await, (Some(1), true), "{period:?}");
     }
 }

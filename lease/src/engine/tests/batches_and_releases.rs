@@ -12,12 +12,7 @@ async fn leases_falling_due_together_are_renewed_in_one_batch() {
     sleep(ms(400)).await; // within half a period of `a`
     let b = lease.try_acquire("b", TTL).await.unwrap().unwrap();
     sleep(ms(2_700)).await;
-    let renews: Vec<(Duration, Call)> = backend
-        .calls()
-        .into_iter()
-        .filter(|(_, c)| is_renew(c))
-        .map(|(t, c)| (t - t0, c))
-        .collect();
+    let renews = backend.renewals(t0);
     let both = Call::RenewMany(vec!["a".into(), "b".into()]);
     let both_rev = Call::RenewMany(vec!["b".into(), "a".into()]);
     assert_eq!(renews.len(), 3, "{renews:?}");
@@ -30,11 +25,7 @@ async fn leases_falling_due_together_are_renewed_in_one_batch() {
 
 #[test]
 fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let lease = Lease::with_holder(Memory::new(), "a");
     let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
     assert!(!guard.token().is_cancelled());
@@ -46,11 +37,7 @@ fn a_runtime_shutting_down_cancels_the_tokens_it_renewed() {
     assert!(!guard.is_valid());
     // A new runtime can acquire through the same Lease once the guard is gone.
     drop(guard);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let guard = rt.block_on(lease.try_acquire("job", TTL)).unwrap().unwrap();
     rt.block_on(async {
         sleep(TTL * 2).await;
@@ -138,8 +125,7 @@ async fn after_a_failed_release_the_name_stays_taken_for_a_ttl() {
     // taken the name again meanwhile, it would end the new lease behind its
     // back. So the name stays taken until the old lease has ended anyway.
     let backend = Scripted::new([], Step::Answer(true)).releases(Step::Fail);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (lease, guard, _) = job_held(backend).await;
     let t_release = Instant::now();
     assert!(guard.release().await.is_err());
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_none());
@@ -152,9 +138,7 @@ async fn after_a_failed_release_the_name_stays_taken_for_a_ttl() {
 
 #[tokio::test(start_paused = true)]
 async fn a_confirmed_release_frees_the_name_at_once() {
-    let backend = Scripted::new([], Step::Answer(true));
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (lease, guard, _) = job_held(Scripted::new([], Step::Answer(true))).await;
     guard.release().await.unwrap();
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
@@ -165,8 +149,7 @@ async fn a_dropped_release_is_sent_again_and_keeps_the_name_for_a_ttl() {
     // background. Even though the second one succeeds, the first may still
     // land, so the name stays taken until a ttl after it was sent.
     let backend = Scripted::new([], Step::Answer(true)).releases(Step::Slow(ms(50), true));
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (lease, guard, _) = job_held(backend.clone()).await;
     let t_release = Instant::now();
     assert!(tokio::time::timeout(ms(10), guard.release()).await.is_err());
     sleep(ms(100)).await; // the second release has answered by now
@@ -178,28 +161,31 @@ async fn a_dropped_release_is_sent_again_and_keeps_the_name_for_a_ttl() {
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hanging_release_times_out_at_its_limit() {
+/// Through a backend whose releases never answer, holder "a" takes "job"
+/// for `ttl` and releases it 100 ms later: the release fails with
+/// `Error::Timeout` after `limit`, sent once and not waited for any longer.
+/// The `Lease`.
+async fn a_release_that_hangs_times_out(ttl: Duration, limit: Duration) -> Lease {
     let backend = Scripted::new([], Step::Answer(true)).releases(Step::Hang);
     let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let guard = lease.try_acquire("job", ttl).await.unwrap().unwrap();
     sleep(ms(100)).await;
     let t_release = Instant::now();
     let err = guard.release().await.unwrap_err();
     assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                operation: "release",
-                ..
-            }
-        ),
-        "{err}"
+        matches!(err, Error::Timeout { operation: "release", after } if after == limit),
+        "{err:?}"
     );
-    assert_eq!(
-        Instant::now() - t_release,
-        crate::engine::timing::release_timeout(TTL)
-    );
+    assert_eq!(Instant::now() - t_release, limit);
+    let releases = backend.times(t_release, |c| matches!(c, Call::Release(_)));
+    assert_eq!(releases, [Duration::ZERO]);
+    lease
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_release_times_out_at_its_limit() {
+    let limit = crate::engine::timing::release_timeout(TTL);
+    let lease = a_release_that_hangs_times_out(TTL, limit).await;
     // A ttl after it was sent, the old lease has ended anyway: the name is free.
     assert!(lease.try_acquire("job", TTL).await.unwrap().is_some());
 }
@@ -208,8 +194,7 @@ async fn a_hanging_release_times_out_at_its_limit() {
 async fn a_hanging_release_times_out_after_the_scheduler_has_gone() {
     // The lease is lost at its first renewal; the scheduler lingers and exits.
     let backend = Scripted::new([], Step::Answer(false)).releases(Step::Hang);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, _) = job_held(backend).await;
     sleep(PERIOD + crate::engine::scheduler::IDLE_LINGER + ms(100)).await;
     assert!(!guard.is_valid());
     let t_release = Instant::now();
@@ -226,10 +211,7 @@ async fn a_suspended_machine_wakes_up_with_its_leases_invalid() {
     // On Linux the monotonic clock stops while the machine is suspended; the
     // wall clock does not. Simulate a suspend of 10 ttls: the wall clock jumps,
     // tokio's clock does not move.
-    let db = Memory::new();
-    let lease = Lease::with_holder(db.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(Memory::new()).await;
     sleep(ms(100)).await;
     assert!(guard.is_valid());
     crate::engine::timing::WALL_SHIFT.set(TTL * 10);
@@ -310,13 +292,7 @@ async fn a_lease_near_its_deadline_does_not_shorten_a_healthy_ones_renewal() {
     let backend = Scripted::new(vec![Step::Fail; 5], Step::Slow(ms(400), true));
     let lease = Lease::with_holder(backend.clone(), "a");
     let t0 = Instant::now();
-    let a = lease
-        .job("a", TTL)
-        .grace(MARGIN)
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let a = granted(lease.job("a", TTL).grace(MARGIN)).await;
     sleep_until(t0 + ms(2000)).await;
     let b = lease.try_acquire("b", TTL).await.unwrap().unwrap();
     assert_eq!(
@@ -333,11 +309,7 @@ async fn a_lease_near_its_deadline_does_not_shorten_a_healthy_ones_renewal() {
         .collect();
     assert!(b_failures.is_empty(), "b's renewal failed: {b_failures:#?}");
     // b was renewed by a call of its own, sent at 2.7 s.
-    let b_renewed = backend.times(t0, |c| match c {
-        Call::Renew(n) => n == "b",
-        Call::RenewMany(names) => names.iter().any(|n| n == "b"),
-        _ => false,
-    });
+    let b_renewed = backend.times(t0, renews("b"));
     assert_eq!(b_renewed, [ms(2700)], "{:?}", backend.calls());
 }
 
@@ -387,20 +359,7 @@ const CAP: Duration = Duration::from_secs(30);
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_acquire_with_a_long_ttl_times_out_after_30_s() {
-    let lease = Lease::with_holder(HangingAcquire, "a");
-    let t0 = Instant::now();
-    let err = lease.try_acquire("job", DAY).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                operation: "acquire",
-                after,
-            } if after == CAP
-        ),
-        "{err:?}"
-    );
-    assert_eq!(Instant::now() - t0, CAP);
+    let lease = an_acquire_that_hangs_times_out(DAY, CAP).await;
     // Through `with_lease`: skipped with the same error, after the same 30 s.
     let t0 = Instant::now();
     let out = lease
@@ -421,26 +380,7 @@ async fn a_hanging_acquire_with_a_long_ttl_times_out_after_30_s() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_release_with_a_long_ttl_times_out_after_30_s() {
-    let backend = Scripted::new([], Step::Answer(true)).releases(Step::Hang);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let guard = lease.try_acquire("job", DAY).await.unwrap().unwrap();
-    sleep(ms(100)).await;
-    let t_release = Instant::now();
-    let err = guard.release().await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                operation: "release",
-                after,
-            } if after == CAP
-        ),
-        "{err:?}"
-    );
-    assert_eq!(Instant::now() - t_release, CAP);
-    // The release was sent once and is not waited for any longer.
-    let releases = backend.times(t_release, |c| matches!(c, Call::Release(_)));
-    assert_eq!(releases, [Duration::ZERO]);
+    a_release_that_hangs_times_out(DAY, CAP).await;
 }
 
 /// A hint of loss makes the engine renew at once, and the renewal decides:
@@ -448,9 +388,7 @@ async fn a_hanging_release_with_a_long_ttl_times_out_after_30_s() {
 #[tokio::test(start_paused = true)]
 async fn a_hint_of_loss_renews_at_once_and_the_renewal_decides() {
     let backend = Scripted::new([Step::Answer(false)], Step::Answer(true)).hinted();
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     sleep(ms(200)).await;
     backend.hint();
     tokio::time::timeout(ms(1), guard.token().cancelled())
@@ -466,9 +404,7 @@ async fn a_hint_of_loss_renews_at_once_and_the_renewal_decides() {
 #[tokio::test(start_paused = true)]
 async fn a_spurious_hint_costs_one_renewal() {
     let backend = Scripted::new([], Step::Answer(true)).hinted();
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     sleep(ms(200)).await;
     backend.hint();
     sleep(ms(1500)).await;

@@ -12,7 +12,8 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 
 use crate::backend::Memory;
-use crate::{Acquisition, Backend, Error, Grant, Lease, Outcome, Skip};
+use crate::test_util::{ms, paused_runtime, pods};
+use crate::{Acquisition, Backend, Error, Grant, Lease, LeaseGuard, Outcome, Skip};
 
 mod batches_and_releases;
 mod renewals;
@@ -24,10 +25,6 @@ const PERIOD: Duration = Duration::from_secs(1);
 const MARGIN: Duration = Duration::from_millis(32);
 /// The default grace for [`TTL`]: ttl/3.
 const GRACE: Duration = Duration::from_secs(1);
-
-fn ms(n: u64) -> Duration {
-    Duration::from_millis(n)
-}
 
 /// What a scripted renewal does.
 #[derive(Debug, Clone)]
@@ -83,6 +80,15 @@ impl Scripted {
 
     fn calls(&self) -> Vec<(Instant, Call)> {
         self.0.lock().unwrap().calls.clone()
+    }
+
+    /// The renewal calls, each with its time relative to `t0`.
+    fn renewals(&self, t0: Instant) -> Vec<(Duration, Call)> {
+        self.calls()
+            .into_iter()
+            .filter(|(_, c)| is_renew(c))
+            .map(|(t, c)| (t - t0, c))
+            .collect()
     }
 
     /// Times of the calls matching `f`, relative to `t0`.
@@ -170,14 +176,37 @@ impl Backend for Scripted {
     }
 }
 
+/// Holder "a" on `backend` takes "job" for [`TTL`]: its `Lease`, the
+/// guard, and when it asked.
+async fn job_held(backend: impl Backend) -> (Lease, LeaseGuard, Instant) {
+    let lease = Lease::with_holder(backend, "a");
+    let t0 = Instant::now();
+    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    (lease, guard, t0)
+}
+
+/// The guard of `job`, which must be granted.
+async fn granted(job: crate::Job<'_>) -> LeaseGuard {
+    job.acquire().await.unwrap().unwrap()
+}
+
 /// Wait for the token and return when it fired, relative to `t0`.
-async fn cancelled_after(guard: &crate::LeaseGuard, t0: Instant) -> Duration {
+async fn cancelled_after(guard: &LeaseGuard, t0: Instant) -> Duration {
     guard.token().cancelled().await;
     Instant::now() - t0
 }
 
 fn is_renew(c: &Call) -> bool {
     matches!(c, Call::Renew(_) | Call::RenewMany(_))
+}
+
+/// Whether `c` renews `name`, alone or in a batch.
+fn renews(name: &str) -> impl Fn(&Call) -> bool + '_ {
+    move |c| match c {
+        Call::Renew(n) => n == name,
+        Call::RenewMany(names) => names.iter().any(|n| n == name),
+        _ => false,
+    }
 }
 
 impl Scripted {
@@ -203,6 +232,21 @@ impl Scripted {
             fire.notify_waiters();
         }
     }
+}
+
+/// Through a backend whose acquisitions never answer, holder "a" tries
+/// "job" for `ttl`: the attempt fails with `Error::Timeout` after `limit`.
+/// The `Lease`.
+async fn an_acquire_that_hangs_times_out(ttl: Duration, limit: Duration) -> Lease {
+    let lease = Lease::with_holder(HangingAcquire, "a");
+    let t0 = Instant::now();
+    let err = lease.try_acquire("job", ttl).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Timeout { operation: "acquire", after } if after == limit),
+        "{err:?}"
+    );
+    assert_eq!(Instant::now() - t0, limit);
+    lease
 }
 
 /// A backend whose acquisitions never answer.

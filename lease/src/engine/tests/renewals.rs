@@ -44,9 +44,7 @@ fn fence_of(name: &str) -> Option<u64> {
 #[tokio::test(start_paused = true)]
 async fn renews_every_third_of_the_ttl() {
     let backend = Scripted::new([], Step::Answer(true));
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     sleep(ms(10_500)).await;
     assert!(guard.is_valid());
     assert!(!guard.token().is_cancelled());
@@ -55,32 +53,12 @@ async fn renews_every_third_of_the_ttl() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn memory_lease_survives_many_ttls_and_blocks_others() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
-    let guard = a.try_acquire("job", TTL).await.unwrap().unwrap();
-    for _ in 0..10 {
-        sleep(TTL).await;
-        assert!(b.try_acquire("job", TTL).await.unwrap().is_none());
-    }
-    assert!(guard.is_valid());
-    assert_eq!(db.holder("job").as_deref(), Some("a"));
-    guard.release().await.unwrap();
-    assert_eq!(db.holder("job"), None);
-    let guard = b.try_acquire("job", TTL).await.unwrap().unwrap();
-    assert_eq!(guard.fencing_token(), Some(2));
-}
-
-#[tokio::test(start_paused = true)]
 async fn definite_loss_cancels_at_once() {
     let backend = Scripted::new(
         [Step::Answer(true), Step::Answer(false)],
         Step::Answer(true),
     );
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     assert_eq!(cancelled_after(&guard, t0).await, 2 * PERIOD);
     assert!(!guard.is_valid());
     // No more renewals after the loss.
@@ -91,9 +69,7 @@ async fn definite_loss_cancels_at_once() {
 #[tokio::test(start_paused = true)]
 async fn memory_loss_behind_our_back_cancels_at_next_renewal() {
     let db = Memory::new();
-    let lease = Lease::with_holder(db.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(db.clone()).await;
     sleep(ms(1_500)).await;
     db.expire("job");
     assert_eq!(cancelled_after(&guard, t0).await, 2 * PERIOD);
@@ -102,9 +78,7 @@ async fn memory_loss_behind_our_back_cancels_at_next_renewal() {
 #[tokio::test(start_paused = true)]
 async fn errors_are_retried_and_cancel_exactly_at_the_deadline() {
     let backend = Scripted::new([], Step::Fail);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
 
     // Not before the deadline (ttl - grace)...
     sleep_until(t0 + TTL - GRACE - ms(1)).await;
@@ -128,30 +102,14 @@ async fn an_explicit_grace_sets_when_failing_renewals_fire_the_token() {
     let backend = Scripted::new([], Step::Fail);
     let lease = Lease::with_holder(backend.clone(), "a");
     let t0 = Instant::now();
-    let least = lease
-        .job("least", TTL)
-        .grace(MARGIN)
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
-    let half_s = lease
-        .job("half-s", TTL)
-        .grace(ms(500))
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let least = granted(lease.job("least", TTL).grace(MARGIN)).await;
+    let half_s = granted(lease.job("half-s", TTL).grace(ms(500))).await;
     assert_eq!(cancelled_after(&half_s, t0).await, TTL - ms(500));
     assert!(least.is_valid());
     sleep_until(t0 + TTL - MARGIN - ms(1)).await;
     assert!(least.is_valid());
     assert_eq!(cancelled_after(&least, t0).await, TTL - MARGIN);
-    let least_renewed = backend.times(t0, |c| match c {
-        Call::Renew(n) => n == "least",
-        Call::RenewMany(names) => names.iter().any(|n| n == "least"),
-        _ => false,
-    });
+    let least_renewed = backend.times(t0, renews("least"));
     assert_eq!(
         least_renewed,
         [
@@ -200,9 +158,7 @@ async fn a_success_after_errors_keeps_the_lease() {
         [Step::Fail, Step::Fail, Step::Answer(true)],
         Step::Answer(true),
     );
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     sleep(TTL * 4).await;
     assert!(guard.is_valid());
     // Failures at 1.0 and 1.1, success at 1.3, then every period from there.
@@ -216,9 +172,7 @@ async fn a_success_after_errors_keeps_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_hanging_renewal_does_not_delay_the_cancellation() {
     let backend = Scripted::new([], Step::Hang);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     assert_eq!(cancelled_after(&guard, t0).await, TTL - GRACE);
     // The first attempt was cut off after ttl/3, which is the deadline.
     let renews = backend.times(t0, is_renew);
@@ -230,9 +184,7 @@ async fn a_renewal_answering_after_the_deadline_does_not_revive_the_lease() {
     // Answers true, but only after 1.9 s, past the 1 s attempt timeout: the
     // engine must not wait for it, and the lease stays lost afterwards.
     let backend = Scripted::new([], Step::Slow(ms(1_900), true));
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     assert_eq!(cancelled_after(&guard, t0).await, TTL - GRACE);
     sleep(TTL).await;
     assert!(!guard.is_valid());
@@ -244,9 +196,7 @@ async fn the_deadline_counts_from_when_the_renewal_was_sent_not_answered() {
     // The renewal sent at 1 s answers at 1.9 s; the next one hangs. The
     // deadline is 1 s + 2 s, not 1.9 s + 2 s.
     let backend = Scripted::new([Step::Slow(ms(900), true)], Step::Hang);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     assert_eq!(cancelled_after(&guard, t0).await, PERIOD + TTL - GRACE);
     // The next renewal was due one period after the successful one was sent.
     assert_eq!(backend.times(t0, is_renew)[..2], [ms(1_000), ms(2_000)]);

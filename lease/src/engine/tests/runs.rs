@@ -5,8 +5,7 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn with_lease_releases_after_f_returns() {
-    let db = Memory::new();
-    let lease = Lease::with_holder(db.clone(), "a");
+    let (db, lease, _) = pods();
     let out = lease
         .with_lease("job", TTL, |token| {
             let db = db.clone();
@@ -43,8 +42,7 @@ async fn with_lease_token_fires_when_the_lease_is_lost() {
 
 #[tokio::test(start_paused = true)]
 async fn with_lease_releases_after_f_panics() {
-    let db = Memory::new();
-    let lease = Lease::with_holder(db.clone(), "a");
+    let (db, lease, other) = pods();
     let task = tokio::spawn(async move {
         lease
             .with_lease("job", TTL, |_| async {
@@ -56,7 +54,6 @@ async fn with_lease_releases_after_f_panics() {
     assert!(task.await.unwrap_err().is_panic());
     sleep(ms(1)).await; // let the background release run
     assert_eq!(db.holder("job"), None);
-    let other = Lease::with_holder(db.clone(), "b");
     assert!(other.try_acquire("job", TTL).await.unwrap().is_some());
 }
 
@@ -104,27 +101,9 @@ async fn a_second_run_of_a_held_name_on_the_same_lease_is_skipped() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn another_holder_is_skipped() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
-    let _held = a.try_acquire("job", TTL).await.unwrap().unwrap();
-    let out = b
-        .with_lease("job", TTL, |_| async { unreachable!("must not run") })
-        .await;
-    assert!(matches!(out, Outcome::Skipped(Skip::HeldElsewhere)));
-    assert_eq!(out_into_none(out), None);
-
-    fn out_into_none(out: Outcome<()>) -> Option<()> {
-        out.into_result().unwrap()
-    }
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_dropped_guard_releases_in_the_background() {
     let db = Memory::new();
-    let lease = Lease::with_holder(db.clone(), "a");
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, _) = job_held(db.clone()).await;
     let token = guard.token();
     drop(guard);
     assert!(token.is_cancelled());
@@ -135,9 +114,7 @@ async fn a_dropped_guard_releases_in_the_background() {
 #[tokio::test(start_paused = true)]
 async fn release_cancels_the_token_and_stops_renewing() {
     let backend = Scripted::new([], Step::Answer(true));
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
+    let (_lease, guard, t0) = job_held(backend.clone()).await;
     let token = guard.token();
     sleep(ms(1_500)).await;
     guard.release().await.unwrap();
@@ -182,21 +159,8 @@ async fn invalid_input_is_rejected_before_the_backend() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_acquire_times_out() {
-    let lease = Lease::with_holder(HangingAcquire, "a");
-    let t0 = Instant::now();
-    let err = lease.try_acquire("job", TTL).await.unwrap_err();
-    assert!(
-        matches!(
-            err,
-            Error::Timeout {
-                operation: "acquire",
-                ..
-            }
-        ),
-        "{err}"
-    );
     // A grant after `ttl - grace` would be past its deadline: not waited for.
-    assert_eq!(Instant::now() - t0, TTL - GRACE);
+    let lease = an_acquire_that_hangs_times_out(TTL, TTL - GRACE).await;
     // The name is free for the next attempt.
     assert!(matches!(
         lease.try_acquire("job", TTL).await,

@@ -71,13 +71,8 @@ async fn shutdown_waits_for_an_acquisition_no_longer_than_its_time_limits() {
 struct SlowAcquire(Memory, Duration);
 
 impl Backend for SlowAcquire {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> Result<Option<Grant>, Error> {
-        let grant = self.0.acquire(name, holder, ttl).await;
+    async fn acquire(&self, n: &str, h: &str, ttl: Duration) -> Result<Option<Grant>, Error> {
+        let grant = self.0.acquire(n, h, ttl).await;
         sleep(self.1).await;
         grant
     }
@@ -139,13 +134,7 @@ async fn max_hold_fires_on_time_with_another_lease_held() {
     let other = lease.try_acquire("other", ttl).await.unwrap().unwrap();
     sleep(ms(100)).await; // the scheduler sleeps until other's renewal at 3 s
     let t0 = Instant::now();
-    let guard = lease
-        .job("capped", ttl)
-        .max_hold(ms(500))
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = granted(lease.job("capped", ttl).max_hold(ms(500))).await;
     let fired = cancelled_after(&guard, t0).await;
     assert!(
         fired >= ms(500) && fired <= ms(501),
@@ -154,25 +143,9 @@ async fn max_hold_fires_on_time_with_another_lease_held() {
     assert!(other.is_valid());
 }
 
-/// Issue 28, point 1: when renewals fail, the token fires (and `is_valid`
-/// turns false) `grace` before the lease could pass to another holder —
-/// by default `ttl/3`, so at `t_send + ttl - ttl/3` = 2 s for a lease
-/// acquired at `t0` whose renewals all fail.
-#[tokio::test(start_paused = true)]
-async fn failing_renewals_fire_the_token_a_default_grace_before_the_lease_could_pass_on() {
-    let backend = Scripted::new([], Step::Fail);
-    let lease = Lease::with_holder(backend.clone(), "a");
-    let t0 = Instant::now();
-    let guard = lease.try_acquire("job", TTL).await.unwrap().unwrap();
-    sleep_until(t0 + TTL - TTL / 3 - ms(1)).await;
-    assert!(guard.is_valid());
-    assert_eq!(cancelled_after(&guard, t0).await, TTL - TTL / 3);
-    assert!(!guard.is_valid());
-}
-
 /// Try to acquire `name` through `other` every 10 ms until it succeeds;
 /// when it did.
-async fn acquired_by(other: &Lease, name: &str) -> (Instant, crate::LeaseGuard) {
+async fn acquired_by(other: &Lease, name: &str) -> (Instant, LeaseGuard) {
     loop {
         if let Some(guard) = other.try_acquire(name, TTL).await.unwrap() {
             return (Instant::now(), guard);
@@ -181,26 +154,37 @@ async fn acquired_by(other: &Lease, name: &str) -> (Instant, crate::LeaseGuard) 
     }
 }
 
+/// A body that winds down for 400 ms once its token fires: when it was
+/// told to stop, and when it returned.
+async fn winding_down(token: crate::CancellationToken) -> (Instant, Instant) {
+    token.cancelled().await;
+    let told = Instant::now();
+    sleep(ms(400)).await;
+    (told, Instant::now())
+}
+
+/// The lease passed to another holder at `taken_at`: not before its body
+/// returned, and at the other holder's next try after that (10 ms).
+fn taken_once_returned(taken_at: Instant, returned: Instant, t0: Instant) {
+    assert!(
+        taken_at >= returned,
+        "another holder got the lease {:?} before the body returned",
+        returned - taken_at
+    );
+    assert!(taken_at - returned <= ms(10), "{:?}", taken_at - t0);
+}
+
 /// Issue 28, point 2: `shutdown` cancels the token, keeps the lease while
 /// the body winds down (400 ms here, within its grace of 1 s), and releases
 /// it as soon as the body has returned — never before: another holder
 /// trying all along gets it only then, and `shutdown` returns then too.
 #[tokio::test(start_paused = true)]
 async fn shutdown_waits_for_a_body_that_stops_within_its_grace() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
+    let (_db, a, b) = pods();
     let t0 = Instant::now();
     let job = tokio::spawn({
         let a = a.clone();
-        async move {
-            a.with_lease("job", TTL, |token| async move {
-                token.cancelled().await;
-                sleep(ms(400)).await; // winding down
-                Instant::now()
-            })
-            .await
-        }
+        async move { a.with_lease("job", TTL, winding_down).await }
     });
     sleep(ms(500)).await;
     let shutdown = tokio::spawn({
@@ -211,16 +195,11 @@ async fn shutdown_waits_for_a_body_that_stops_within_its_grace() {
         }
     });
     let (taken_at, _taken) = acquired_by(&b, "job").await;
-    let Outcome::Ran(returned_at) = job.await.unwrap() else {
+    let Outcome::Ran((_, returned)) = job.await.unwrap() else {
         panic!("the job did not run")
     };
-    assert_eq!(returned_at - t0, ms(900));
-    assert!(
-        taken_at >= returned_at,
-        "another holder got the lease {:?} before the body returned",
-        returned_at - taken_at
-    );
-    assert!(taken_at - returned_at <= ms(10), "{:?}", taken_at - t0);
+    assert_eq!(returned - t0, ms(900));
+    taken_once_returned(taken_at, returned, t0);
     assert_eq!(
         shutdown.await.unwrap() - t0,
         ms(900),
@@ -236,9 +215,7 @@ async fn shutdown_waits_for_a_body_that_stops_within_its_grace() {
 async fn shutdown_leaves_a_body_that_ignores_its_token_to_expire() {
     use crate::test_util::capture_logs;
     let (logs, _guard) = capture_logs();
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
+    let (_db, a, b) = pods();
     let t0 = Instant::now();
     let _job = tokio::spawn({
         let a = a.clone();
@@ -276,9 +253,7 @@ async fn shutdown_leaves_a_body_that_ignores_its_token_to_expire() {
 /// a ttl after its acquisition here (no renewal since).
 #[tokio::test(start_paused = true)]
 async fn shutdown_keeps_min_hold_by_leaving_the_lease_to_expire() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
+    let (_db, a, b) = pods();
     let t0 = Instant::now();
     let out = a
         .job("fast", TTL)
@@ -302,23 +277,11 @@ async fn shutdown_keeps_min_hold_by_leaving_the_lease_to_expire() {
 /// nobody else has it before.
 #[tokio::test(start_paused = true)]
 async fn max_hold_waits_for_the_body_before_releasing() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
+    let (_db, a, b) = pods();
     let t0 = Instant::now();
-    let job = tokio::spawn({
-        let a = a.clone();
-        async move {
-            a.job("capped", TTL)
-                .max_hold(ms(1500))
-                .run(|token, _| async move {
-                    token.cancelled().await;
-                    let told = Instant::now();
-                    sleep(ms(400)).await; // winding down
-                    (told, Instant::now())
-                })
-                .await
-        }
+    let job = tokio::spawn(async move {
+        let job = a.job("capped", TTL).max_hold(ms(1500));
+        job.run(|token, _| winding_down(token)).await
     });
     sleep(ms(10)).await; // the job has the lease
     let (taken_at, _taken) = acquired_by(&b, "capped").await;
@@ -327,12 +290,7 @@ async fn max_hold_waits_for_the_body_before_releasing() {
     };
     assert_eq!(told - t0, ms(1500));
     assert_eq!(returned - t0, ms(1900));
-    assert!(
-        taken_at >= returned,
-        "another holder got the lease {:?} before the body returned",
-        returned - taken_at
-    );
-    assert!(taken_at - returned <= ms(10), "{:?}", taken_at - t0);
+    taken_once_returned(taken_at, returned, t0);
 }
 
 /// Issue 28, point 3: a body that ignores its token after `max_hold` keeps
@@ -341,17 +299,9 @@ async fn max_hold_waits_for_the_body_before_releasing() {
 /// renewal is sent at 2 s, within the grace that ends at 2.5 s).
 #[tokio::test(start_paused = true)]
 async fn max_hold_leaves_a_hung_body_s_lease_to_expire_after_the_grace() {
-    let db = Memory::new();
-    let a = Lease::with_holder(db.clone(), "a");
-    let b = Lease::with_holder(db.clone(), "b");
+    let (_db, a, b) = pods();
     let t0 = Instant::now();
-    let guard = a
-        .job("hung", TTL)
-        .max_hold(ms(1500))
-        .acquire()
-        .await
-        .unwrap()
-        .unwrap();
+    let guard = granted(a.job("hung", TTL).max_hold(ms(1500))).await;
     assert_eq!(cancelled_after(&guard, t0).await, ms(1500));
     assert!(!guard.is_valid());
     let (taken_at, _taken) = acquired_by(&b, "hung").await;
@@ -399,18 +349,12 @@ async fn leases_with_a_large_grace_are_still_renewed_in_one_batch() {
     let backend = Scripted::new([], Step::Answer(true));
     let lease = Lease::with_holder(backend.clone(), "a");
     let t0 = Instant::now();
-    let mut guards = Vec::new();
-    for name in ["a", "b"] {
-        let job = lease.job(name, TTL).grace(TTL / 2);
-        guards.push(job.acquire().await.unwrap().unwrap());
-    }
+    let guards = [
+        granted(lease.job("a", TTL).grace(TTL / 2)).await,
+        granted(lease.job("b", TTL).grace(TTL / 2)).await,
+    ];
     sleep(ms(3_100)).await;
-    let renews: Vec<(Duration, Call)> = backend
-        .calls()
-        .into_iter()
-        .filter(|(_, c)| is_renew(c))
-        .map(|(t, c)| (t - t0, c))
-        .collect();
+    let renews = backend.renewals(t0);
     assert_eq!(renews.len(), 3, "{renews:?}");
     for (i, (at, call)) in renews.iter().enumerate() {
         assert_eq!(*at, PERIOD * (i as u32 + 1));
