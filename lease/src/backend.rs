@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
-use crate::Error;
+use crate::{Error, Result};
 
 mod memory;
 pub use memory::Memory;
@@ -970,12 +970,7 @@ impl std::fmt::Debug for BoxedBackend {
 }
 
 impl Backend for BoxedBackend {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> crate::Result<Option<Grant>> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         self.0.acquire(name, holder, ttl).await
     }
 

@@ -143,6 +143,13 @@ pub(crate) fn call_no_ttl(name: &str, holder: &str) -> Result<(), Error> {
     self::holder(holder)
 }
 
+/// The inputs of [`Backend::publish`](crate::Backend::publish): the
+/// acquisition's name and holder, and the value ([`value`]).
+pub(crate) fn publish(lease: &crate::Acquisition<'_>, value: Option<&str>) -> Result<(), Error> {
+    call_no_ttl(lease.name, lease.holder)?;
+    value.map_or(Ok(()), self::value)
+}
+
 /// `[A-Za-z_][A-Za-z0-9_]*`, optionally `schema.`-qualified; at most 63 bytes a part
 /// (PostgreSQL's identifier limit, below MySQL's 64).
 #[cfg_attr(

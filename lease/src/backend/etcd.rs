@@ -823,10 +823,7 @@ impl Backend for Etcd {
     // the key is still the acquisition's (one transaction; a read of the
     // key first if this value did not make the acquisition).
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
-        validate::call_no_ttl(lease.name, lease.holder)?;
-        if let Some(value) = value {
-            validate::value(value)?;
-        }
+        validate::publish(&lease, value)?;
         self.bounded("publish", async {
             let fence = lease.fencing_token.and_then(|f| i64::try_from(f).ok());
             let (Some(fence), Some(id)) = (fence, self.lease_of(lease).await?) else {

@@ -198,10 +198,7 @@ impl Backend for Memory {
     }
 
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
-        validate::call_no_ttl(lease.name, lease.holder)?;
-        if let Some(value) = value {
-            validate::value(value)?;
-        }
+        validate::publish(&lease, value)?;
         let now = Instant::now();
         match self.rows().get_mut(lease.name) {
             Some(row) if row.live(now) && row.is(lease) => {

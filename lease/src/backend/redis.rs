@@ -648,10 +648,7 @@ impl Backend for Redis {
     /// As [`renew`](Backend::renew); [`Error::Unsupported`] in the [Go
     /// locker's protocol](Redis::with_go_locker_protocol).
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
-        validate::call_no_ttl(lease.name, lease.holder)?;
-        if let Some(value) = value {
-            validate::value(value)?;
-        }
+        validate::publish(&lease, value)?;
         self.fenced_only("proclaim")?;
         let (Some(fence), Some(lock_value)) =
             (lease.fencing_token, self.protocol.lock_value(lease))

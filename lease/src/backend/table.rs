@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{Acquired, MAX_BATCH, Request};
-use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, validate};
+use crate::{Acquisition, Backend, Error, Grant, LeaseInfo, Result, validate};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -593,12 +593,7 @@ impl<D: Dialect> Table<D> {
 const ATTEMPTS: u32 = 6;
 
 impl<D: Dialect> Backend for Table<D> {
-    async fn acquire(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-    ) -> crate::Result<Option<Grant>> {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Option<Grant>> {
         let ttl_ms = check(name, holder, ttl)?;
         let t = self.ready().await?;
         let fence = self.run(|| D::acquire(&t, name, holder, ttl_ms)).await?;
@@ -672,10 +667,7 @@ impl<D: Dialect> Backend for Table<D> {
     /// One `UPDATE` of the live row of `lease`; `PgTable` notifies waiters
     /// and observers, as a release does.
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
-        validate::call_no_ttl(lease.name, lease.holder)?;
-        if let Some(value) = value {
-            validate::value(value)?;
-        }
+        validate::publish(&lease, value)?;
         let fence = fence_param(lease.fencing_token);
         let change = RowChange::Publish(lease.holder, fence, value);
         self.change(lease.name, change, OptionalColumns::VALUE)
