@@ -319,16 +319,8 @@ fn with_once_per(period: Duration, retry_failed: bool) -> Settings<'static> {
     }
 }
 
-/// The limits a literal gets at compile time hold for expressions at run
-/// time, checked at each call: a name of 1 to 255 bytes; a ttl from 10 ms,
-/// `min_hold` and `max_hold` (not zero) up to 24 h, and `wait`, in whole
-/// milliseconds; a grace from the margin (ttl/100 + 2 ms) to ttl/2; a
-/// `once_per` from 1 ms to 366 days. Outside them the run is skipped,
-/// nothing is acquired, and a warning says why; the boundaries run.
-#[tokio::test(start_paused = true)]
-async fn invalid_run_time_settings_are_skipped_and_logged() {
-    let (db, a, _) = pods();
-    let long = "x".repeat(256);
+/// Settings out of bounds, each with the warning it must log.
+fn invalid_settings(long: &str) -> Vec<(Settings<'_>, &'static str)> {
     let day_and_a_ms = crate::MAX_TTL + ms(1);
     let mut bad = vec![
         (
@@ -337,7 +329,7 @@ async fn invalid_run_time_settings_are_skipped_and_logged() {
         ),
         (
             Settings {
-                name: &long,
+                name: long,
                 ..job()
             },
             "invalid lease name (256 bytes)",
@@ -387,7 +379,20 @@ async fn invalid_run_time_settings_are_skipped_and_logged() {
             bad.push((with_once_per(period, retry_failed), "invalid `once_per`"));
         }
     }
-    for (settings, warning) in bad {
+    bad
+}
+
+/// The limits a literal gets at compile time hold for expressions at run
+/// time, checked at each call: a name of 1 to 255 bytes; a ttl from 10 ms,
+/// `min_hold` and `max_hold` (not zero) up to 24 h, and `wait`, in whole
+/// milliseconds; a grace from the margin (ttl/100 + 2 ms) to ttl/2; a
+/// `once_per` from 1 ms to 366 days. Outside them the run is skipped,
+/// nothing is acquired, and a warning says why; the boundaries run.
+#[tokio::test(start_paused = true)]
+async fn invalid_run_time_settings_are_skipped_and_logged() {
+    let (db, a, _) = pods();
+    let long = "x".repeat(256);
+    for (settings, warning) in invalid_settings(&long) {
         let (logs, _guard) = capture_logs();
         assert_eq!(run_with(&a, settings).await, (None, false), "{settings:?}");
         assert_eq!(db.holder(settings.name), None, "not even acquired");
