@@ -18,8 +18,8 @@ pub(crate) trait TableBackend: Backend + Clone + std::fmt::Debug {
     fn server_now_us(&self) -> impl Future<Output = i64> + Send;
     /// `expires_at` of `name`'s row, in microseconds since the Unix epoch.
     fn expires_at_us(&self, name: &str) -> impl Future<Output = i64> + Send;
-    /// The first migration in `migrations/<database>/`: the table before
-    /// round three, without `last_slot` and `value`.
+    /// The first migration in `migrations/<database>/`: a table made before
+    /// schedule slots and values, without `last_slot` and `value`.
     const FIRST: &'static str;
     /// The migration that adds `last_slot` and `value`.
     const ADD_COLUMNS: &'static str;
@@ -29,7 +29,7 @@ pub(crate) trait TableBackend: Backend + Clone + std::fmt::Debug {
 
 /// `table_backend!(type, migrations, add_columns, now, expires_at)`:
 /// `migrations` is the folder of the database's migrations and
-/// `add_columns` the file in it that adds round three's columns; `now`
+/// `add_columns` the file in it that adds `last_slot` and `value`; `now`
 /// reads the backend's clock, `expires_at` a row's expiry (binding the
 /// name), both in microseconds since the Unix epoch.
 macro_rules! table_backend {
@@ -298,8 +298,8 @@ where
     fresh.drop_table().await;
 }
 
-/// A lease table made before round three (the first migration
-/// only) still serves plain leases; a `once_per` run on it fails with
+/// A lease table made before schedule slots and values (the first
+/// migration only) still serves plain leases; a `once_per` run on it fails with
 /// `Error::Schema` naming the `ALTER TABLE` (of the migration that adds the
 /// column) that adds `last_slot`; once that migration has run, the same
 /// backend claims slots.
