@@ -74,12 +74,9 @@ impl Settings<'_> {
 ///   skipped, logged at debug. Acquisition failed (backend error, invalid
 ///   name, ttl or duration): skipped, logged at warn.
 /// - Otherwise `f` runs with the lease's token and fencing token (after
-///   waiting up to `wait` for the lease). Then the lease is released; with
-///   `min_hold` it is kept (and renewed) until that long after the
-///   acquisition and released in the background, while this returns at
-///   once. With `max_hold`, the token fires that long after the
-///   acquisition, and the lease is released when the body returns (or left
-///   to expire if it is still running a `grace` later; see `Job::max_hold`).
+///   waiting up to `wait` for the lease), then the lease is released, as
+///   with [`Job::min_hold`](crate::Job::min_hold) and
+///   [`Job::max_hold`](crate::Job::max_hold).
 pub async fn run<T, F, Fut>(lease: Option<Lease>, settings: Settings<'_>, f: F) -> T
 where
     T: Skippable,

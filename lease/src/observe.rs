@@ -47,10 +47,10 @@ impl Lease {
     /// fencing token, and each change.
     ///
     /// A background task asks the backend ([`Backend::inspect`]) at once,
-    /// then again whenever the backend pushes a change of the name
-    /// (PostgreSQL `LISTEN/NOTIFY`, Redis pub/sub, etcd's watch: a release
-    /// or a published value, about one round trip after it), at the
-    /// holder's expiry, and at least every second. It ends when every
+    /// then again whenever the backend pushes a change of the name (a
+    /// release or a published value, about one round trip after it; the
+    /// [`backend`](crate::backend) docs say which push), at the holder's
+    /// expiry, and at least every second. It ends when every
     /// receiver has been dropped. A failed request is logged at debug and
     /// asked again at the next wake-up; the last answer stands meanwhile.
     ///

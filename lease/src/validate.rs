@@ -1,8 +1,6 @@
-//! Input rules shared by the engine and every backend (`docs/ARCHITECTURE.md`,
-//! "Input rules"): the engine checks before it calls a backend, and each
-//! backend checks again with [`call`] / [`call_no_ttl`], since backends are
-//! public and may be called directly. The checks a third-party backend
-//! needs are public as `backend::validate` (`backend.rs`).
+//! Input rules shared by the engine and every backend, public as
+//! `backend::validate`. `docs/ARCHITECTURE.md` ("Input rules") says who
+//! checks what, and why twice.
 
 use std::time::Duration;
 

@@ -239,8 +239,6 @@ impl Backend for Memory {
         Ok(leases)
     }
 
-    /// Takes the live lease on `name` from its holder (its renewals fail)
-    /// and keeps it from everyone until its expiry; the fence is kept.
     async fn force_release(&self, name: &str) -> Result<bool> {
         validate::name(name)?;
         let now = Instant::now();
@@ -254,8 +252,6 @@ impl Backend for Memory {
         }
     }
 
-    /// Expires the live lease on `name` now (as [`expire`](Memory::expire));
-    /// the fence is kept.
     async fn force_release_now(&self, name: &str) -> Result<bool> {
         validate::name(name)?;
         let now = Instant::now();

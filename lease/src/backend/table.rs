@@ -39,50 +39,40 @@ use statements::{LIST_SIZES, list_size};
 /// Leases in a SQL table, one row per lease name — the implementation behind
 /// [`PgTable`](crate::backend::PgTable), [`MySqlTable`](crate::backend::MySqlTable)
 /// and [`SqliteTable`](crate::backend::SqliteTable); see each of them for its
-/// columns and clock.
+/// columns, clock and waiting.
 ///
 /// What every table backend guarantees:
 ///
 /// - **The server's clock decides expiry** (for SQLite the host's, read
 ///   inside SQL), never the caller's.
-/// - **Fencing.** Each acquisition returns the row's `fence`: 1 for the first
+/// - **Fencing.** The fencing token is the row's `fence`: 1 for the first
 ///   acquisition of a name, one more for each later one, unchanged when the
-///   holder re-acquires its own live lease. (The Go services' release
-///   deletes the row: the counter then starts again at 1.)
-/// - **Renew and release concern one acquisition** (name, holder and
-///   fence): a late request of an older acquisition never touches a newer
-///   one. Renew never inserts a row, nor brings back a released or expired
-///   lease.
-/// - **Release keeps the row**, expired, so the fence never restarts; this
-///   crate never deletes rows.
-/// - **One statement per call**, in autocommit; [`Backend::renew_many`] is
-///   one per holder and 1,000 leases (on PostgreSQL a batch of two or more
-///   is parsed for itself, one request more, so that its plan fits the
-///   table as it is, however it has grown). A statement the server rolled back
-///   as transient (MySQL: a deadlock or lock wait timeout) is run again, up
-///   to 6 times in all. Names and holders are always bind parameters.
-/// - **The table is checked at the first call** (one catalog query per
-///   backend value and its clones): it needs the columns `name` (unique on
-///   its own: the primary key), `holder`, `expires_at` and `fence` (an
-///   integer, NOT NULL), and an `expires_at` that every user of the table
-///   reads alike (see each backend). Otherwise that call, and every later
-///   one until the table is fixed, fails with [`Error::Schema`], which
-///   names the table, the column and the statement that fixes it — for a
-///   table made for the Go services,
-///   [`fence_migration`](Table::fence_migration).
+///   holder re-acquires its own live lease. Renew and release match name,
+///   holder and fence ([`Acquisition`]): a late request never touches a
+///   newer acquisition. Release expires the row and never deletes it, so
+///   the fence never restarts. (The Go services' release deletes the row:
+///   the counter then starts again at 1.)
+/// - **One statement per call**, in autocommit; [`Backend::renew_many`]
+///   sends one per holder and 1,000 leases. Names and holders are always
+///   bind parameters.
+/// - **The table is checked at the first call** (once per backend value
+///   and its clones). It needs `name` (unique on its own: the primary
+///   key), `holder`, `expires_at` and `fence` (an integer, NOT NULL), and
+///   an `expires_at` that every user of the table reads alike (see each
+///   backend). Otherwise that call, and every later one until the table is
+///   fixed, fails with [`Error::Schema`], which names the table, the column
+///   and the statement that fixes it (for a table made for the Go services,
+///   [`fence_migration`](Table::fence_migration)).
 /// - **`last_slot` and `value`**, nullable, hold the last schedule slot
 ///   claimed ([`Job::once_per`](crate::Job::once_per)) and the value its
-///   holder published (an election's
-///   [`proclaim`](crate::Election::proclaim)). A table without them (made
-///   before 0.1, or for the Go services) serves plain leases; an
-///   acquisition with a slot or a value, and [`Backend::publish`], fail
-///   with [`Error::Schema`] naming the `ALTER TABLE` that adds them
-///   (`migrations/<database>/` has it), and look at the table again at
-///   each such call, so that adding them needs no restart.
-/// - **Force-releasing keeps a lock delay**: [`Backend::force_release`]
-///   empties `holder` (no holder is empty) and keeps `expires_at` and
-///   `fence`, so the evicted holder's renewals fail and nobody is granted
-///   the name before that expiry; [`Backend::force_release_now`] expires
+///   holder published ([`Election::proclaim`](crate::Election::proclaim)).
+///   A table without them (made before 0.1, or for the Go services) serves
+///   plain leases. An acquisition with a slot or a value, and
+///   [`Backend::publish`], fail with [`Error::Schema`] naming the `ALTER
+///   TABLE` that adds them (`migrations/<database>/` has it). Each such call
+///   looks at the table again, so adding them needs no restart.
+/// - **[`Backend::force_release`]** empties `holder` and keeps `expires_at`
+///   and `fence` (the lock delay); [`Backend::force_release_now`] expires
 ///   the row at once.
 /// - **Guarded writes**: [`LeaseGuard::check_in`](crate::LeaseGuard::check_in)
 ///   in a transaction of the lease's own database.
@@ -93,14 +83,12 @@ use statements::{LIST_SIZES, list_size};
 /// - A call dropped after its statement reached the server may still take
 ///   effect: an acquisition the caller never learned of ends at its ttl, or
 ///   is picked up by the same holder's next acquire.
-/// - **Waiting** ([`Backend::released`]): `PgTable` learns of releases by
-///   `NOTIFY`; `MySqlTable` and `SqliteTable` poll.
 ///
 /// **The pool.** Renewals take connections from the backend's pool: a job
 /// that holds all of them loses its lease at its deadline. Give the pool a
-/// connection more than the job uses (`PgTable`'s listener, while a waiter
-/// waits, one more), and an `acquire_timeout` shorter than the ttl (so that
-/// the backend, not the engine's time limit, reports why a connection
+/// connection more than the job uses (one more for `PgTable`'s listener
+/// while a waiter waits), and an `acquire_timeout` shorter than the ttl (so
+/// that the backend, not the engine's time limit, reports why a connection
 /// failed). With `test_before_acquire(false)` a renewal is one round trip.
 /// Cloning a backend is cheap.
 pub struct Table<D: Dialect> {
@@ -401,11 +389,9 @@ impl<D: Dialect> Table<D> {
     /// EXISTS` that [`ensure_schema`](Table::ensure_schema) runs, then `;`
     /// and a newline. It makes the table that the files in
     /// `migrations/<database>/` make together: `0001_task_leases.sql`, and
-    /// `000N_add_last_slot_and_value.sql` for a table made before (the
-    /// columns of [`Job::once_per`](crate::Job::once_per) and
-    /// [`Election::proclaim`](crate::Election::proclaim)). Add it to your
-    /// own migrations when the application's database user may not create
-    /// tables; for another table, use [`schema`](Table::schema).
+    /// `000N_add_last_slot_and_value.sql` for a table made before. Add it to
+    /// your own migrations when the application's database user may not
+    /// create tables; for another table, use [`schema`](Table::schema).
     ///
     /// # Examples
     ///
@@ -490,11 +476,9 @@ impl<D: Dialect> Table<D> {
     /// table: `ALTER TABLE {table} ADD COLUMN .. fence BIGINT NOT NULL DEFAULT 0`
     /// (for `task_leases`, the file `migrations/from-go/<database>/0001_add_fence.sql`).
     ///
-    /// Rows the Go services insert get the fence 0, and the default marks
-    /// the table as shared (see [`Table`] and "Migrating from the Go
-    /// packages" in the README). The backend never alters a table: on one
-    /// without the column, its calls fail with [`Error::Schema`], which
-    /// quotes this statement.
+    /// The default marks the table as shared (see [`Table`], and "Migrating
+    /// from the Go packages" in the README). The backend never alters a
+    /// table itself.
     pub fn fence_migration(&self) -> &str {
         &self.add_fence
     }
@@ -602,11 +586,7 @@ impl<D: Dialect> Backend for Table<D> {
             .transpose()
     }
 
-    /// One request: one statement on PostgreSQL; on MySQL and SQLite a
-    /// script of three sent at once (MySQL has no `RETURNING`, SQLite's
-    /// returns nothing when it refuses), of which one statement decides.
-    /// Without a slot or a value, [`acquire`](Backend::acquire). The slot
-    /// is by the server's clock (SQLite: the host's);
+    /// The slot is by the server's clock (SQLite: the host's).
     /// [`Error::Schema`] on a table without `last_slot` and `value`.
     async fn acquire_with(&self, request: Request<'_>) -> Result<Acquired, Error> {
         let ttl_ms = i64::from(validate::request(&request)?);
@@ -637,13 +617,11 @@ impl<D: Dialect> Backend for Table<D> {
         answer.acquired()
     }
 
-    /// The batched renewal's statement, for one lease.
     async fn renew(&self, lease: Acquisition<'_>, ttl: Duration) -> Result<bool, Error> {
         let renewed = self.renew_many(&[(lease, ttl)]).await?;
         Ok(renewed == [true])
     }
 
-    /// One `UPDATE` that expires the row (and clears its value).
     async fn release(&self, lease: Acquisition<'_>) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let change = RowChange::Release(lease.holder, fence_param(lease.fencing_token));
@@ -652,7 +630,6 @@ impl<D: Dialect> Backend for Table<D> {
             .map(drop)
     }
 
-    /// One `UPDATE`: a release, and `last_slot` raised to `slot`.
     async fn release_ran(&self, lease: Acquisition<'_>, slot: u64) -> Result<(), Error> {
         validate::call_no_ttl(lease.name, lease.holder)?;
         let slot = i64::try_from(slot)
@@ -664,8 +641,6 @@ impl<D: Dialect> Backend for Table<D> {
             .map(drop)
     }
 
-    /// One `UPDATE` of the live row of `lease`; `PgTable` notifies waiters
-    /// and observers, as a release does.
     async fn publish(&self, lease: Acquisition<'_>, value: Option<&str>) -> Result<bool, Error> {
         validate::publish(&lease, value)?;
         let fence = fence_param(lease.fencing_token);
@@ -674,11 +649,8 @@ impl<D: Dialect> Backend for Table<D> {
             .await
     }
 
-    /// One `SELECT` of the lease's row: its holder (the last one, once
-    /// released or expired), fence, the time until another holder may
-    /// take it by the statements' clock, its value while held, and its
-    /// last slot. `Ok(None)` without a row (never acquired here, or deleted
-    /// by the Go services' release).
+    /// `Ok(None)` without a row: never acquired here, or deleted by the Go
+    /// services' release.
     async fn inspect(&self, name: &str) -> Result<Option<LeaseInfo>, Error> {
         validate::name(name)?;
         let t = self.ready().await?;
@@ -686,41 +658,30 @@ impl<D: Dialect> Backend for Table<D> {
         Ok(rows.into_iter().next())
     }
 
-    /// One `SELECT` of every row, ordered by name, released and expired
-    /// ones too (`expires_in: None`): a table keeps a row for every name
-    /// ever acquired in it.
+    /// Every row, by name, released and expired ones too: a table keeps a
+    /// row for every name ever acquired in it.
     async fn list(&self) -> Result<Vec<LeaseInfo>, Error> {
         let t = self.ready().await?;
         self.run(|| D::rows(&t, None)).await
     }
 
-    /// One `UPDATE` that empties the holder of the live row of `name` (no
-    /// holder is empty) and keeps its expiry and fence: the evicted
-    /// holder's renewals fail, and nobody is granted the name before that
-    /// expiry. `PgTable` notifies waiters, as a release does. `Ok(false)`
-    /// when no live, held row was there.
     async fn force_release(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
         self.change(name, RowChange::Evict, OptionalColumns::default())
             .await
     }
 
-    /// One `UPDATE` that expires the live row of `name` as a release does,
-    /// whoever holds it; the fence is kept.
     async fn force_release_now(&self, name: &str) -> Result<bool, Error> {
         validate::name(name)?;
         self.change(name, RowChange::EvictNow, OptionalColumns::default())
             .await
     }
 
-    /// PostgreSQL: a notification on the table's channel (see
-    /// [`PgTable`](crate::backend::PgTable)); MySQL and SQLite: `poll`.
     fn released(&self, name: &str, poll: Duration) -> impl Future<Output = ()> + Send + 'static {
         D::released(self, name, poll)
     }
 
-    /// One statement per holder and 1,000 leases (MySQL: per ttl too, and a
-    /// `SELECT` when only some were renewed), one after the other.
+    // The batches are sent one after the other.
     async fn renew_many(&self, leases: &[(Acquisition<'_>, Duration)]) -> Result<Vec<bool>, Error> {
         let mut renewals = Vec::with_capacity(leases.len());
         for &(lease, ttl) in leases {

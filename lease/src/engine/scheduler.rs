@@ -263,9 +263,8 @@ impl Scheduler {
     }
 }
 
-/// No lease is live. Linger a while — a job run in a loop acquires again
-/// soon, and finding the scheduler still running saves starting one;
-/// otherwise exit.
+/// No lease is live: linger until `linger_until` ([`IDLE_LINGER`]), then
+/// exit.
 fn linger_or_exit(names: &mut Names, now: Instant, linger_until: Instant, plan: &mut Plan) {
     if linger_until > now {
         plan.wake_at = linger_until;
@@ -343,16 +342,13 @@ impl Drop for Scheduler {
     }
 }
 
-/// Split the leases due for renewal into calls, sent together.
+/// Split the leases due for renewal into calls of at most [`MAX_BATCH`],
+/// sent together.
 ///
-/// A call is given the time limit of its tightest lease, so leases are
-/// grouped by their own limit, `min(ttl/3, deadline - now)`: a lease whose
-/// renewals have been failing, or with less than half its [`renew_window`]
-/// left before its deadline, goes in a call of its own, and the others go together
-/// with leases whose renewal window (the renewal period, with a grace up to
-/// `ttl/3`) is within a factor of two of theirs — a healthy lease never
-/// inherits the short limit of one about to be lost. At most [`MAX_BATCH`]
-/// leases per call.
+/// A call gets the time limit of its tightest lease, so a healthy lease
+/// must never share a call with one about to be lost. A failing lease goes
+/// alone; the others are grouped with leases whose [`renew_window`] is
+/// within a factor of two of theirs.
 fn batches(due: Vec<Arc<Entry>>, now: Instant) -> Vec<Vec<Arc<Entry>>> {
     let mut groups: HashMap<u32, Vec<Arc<Entry>>> = HashMap::new();
     let mut calls = Vec::new();

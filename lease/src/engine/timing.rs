@@ -1,23 +1,7 @@
 //! The engine's timing rules, as pure functions of a lease's ttl and the
-//! clocks; see `docs/ARCHITECTURE.md` ("Timing rules") for their reasons.
-//!
-//! For a lease with time-to-live `ttl`:
-//!
-//! - the send time `t_send` of each acquire or renew request is read
-//!   *before* the request; on success the local deadline — when the token
-//!   fires unless a renewal succeeds — becomes `t_send + ttl - grace`,
-//!   never a time computed from the reply. `grace` ([`default_grace`]:
-//!   `ttl/3`) is the time the body gets to stop before the lease could pass
-//!   to another holder; it lies from [`margin`] (`ttl/100 + 2 ms`, the
-//!   least, for clock rate drift and the request's way out) to `ttl/2`
-//!   ([`check_grace`]);
-//! - a renewal is due `ttl/3` after the last successful request was sent,
-//!   and each attempt is given at most `min(ttl/3, deadline - now)`;
-//! - a failed renewal is retried after [`retry_delay`];
-//! - an acquire is given `min(ttl - margin, 30 s)` (and the engine cuts it
-//!   to `ttl - grace`), a release `min(ttl, 30 s)`;
-//! - each deadline is kept on the monotonic clock and on the wall clock
-//!   ([`Deadline`]), and has passed when either clock says so.
+//! clocks. `docs/ARCHITECTURE.md` ("Timing rules") lists them with their
+//! reasons. The local deadline is `t_send + ttl - grace`, `t_send` read
+//! *before* the request, never a time computed from the reply ([`Deadline`]).
 
 use std::time::{Duration, SystemTime};
 
@@ -34,17 +18,13 @@ pub(crate) fn margin(ttl: Duration) -> Duration {
 
 /// The grace of a lease when none is given: `ttl/3`.
 ///
-/// What holds with it (and the renewal period of `ttl/3`): the first
-/// renewal is sent `ttl/3` after the last successful request, the token
-/// fires `2·ttl/3` after it, so failed renewals have one whole renewal
-/// period to be retried in ([`retry_delay`]: `ttl/30`, doubling — four
-/// attempts, at `ttl/3`, `+ttl/30`, `+ttl/10`, `+7·ttl/30`; an attempt that
-/// hangs is cut off at the deadline, [`renew_timeout`]), and then the body
-/// has a third of the ttl to stop before the lease can pass on. That third
-/// also covers a local clock running up to 1.5× slow against the server's:
-/// `2·ttl/3` of local time is then at most `ttl` on the server. A larger
-/// grace shortens the retry window: at `ttl/2`, the most, it is `ttl/6`
-/// (two or three attempts); at the margin it is `2·ttl/3`.
+/// With the renewal period of `ttl/3`, the token fires `2·ttl/3` after the
+/// last successful request: failed renewals have one whole period to be
+/// retried in ([`retry_delay`]: at `ttl/3`, `+ttl/30`, `+ttl/10`,
+/// `+7·ttl/30`), then the body has a third of the ttl to stop. That third
+/// also covers a local clock running up to 1.5× slow: `2·ttl/3` of local
+/// time is then at most `ttl` on the server. A larger grace shortens the
+/// retry window: `ttl/6` at `ttl/2`, the most.
 pub(crate) fn default_grace(ttl: Duration) -> Duration {
     ttl / 3
 }

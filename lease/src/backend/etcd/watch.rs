@@ -1,26 +1,23 @@
 //! The watch of one [`Etcd`](super::Etcd) value: one etcd watch over its
-//! key prefix, kept by the task of push.rs (which subscribes again after a
-//! failure, and stops when nobody listens). A deleted key, a key emptied by
+//! key prefix, kept by the task of push.rs. A deleted key, a key emptied by
 //! a forced release, and a change of a published value wake the waiters of
-//! its name (observers and followers wait on them too); a change of a held
-//! key other than its holder's own put resolves that holder's `lost` hint.
-//! Ledger keys are nobody's concern here.
+//! its name (observers and followers too); a change of a held key other
+//! than its holder's own put resolves that holder's `lost` hint. Ledger
+//! keys are ignored.
 //!
-//! One watch over the prefix, not one per key: it is set up once, where a
-//! watch per key costs a round trip per acquisition and per wait (during
-//! which a release goes unseen); and it carries writes only, never
-//! renewals.
+//! One watch over the prefix, not one per key: a watch per key costs a
+//! round trip per acquisition and per wait (during which a release goes
+//! unseen). It carries writes only, never renewals.
 //!
 //! A holder's hint is asked once per acquisition, so the watch must not
 //! fire for what happened before the acquisition's put (its fencing token),
 //! nor miss what happened after it. A subscription starts after the last
 //! event seen, or after the oldest held put: events in between are
-//! replayed. A holder that registers after later events went by (its own
-//! put's event may come before the grant's answer) finds them among the
-//! last [`RECENT`]. Where that cannot be told (the history was compacted
-//! while the watch was down; a watch made from now, after a holder's put),
-//! the hint fires at once: the renewal decides, and the lease relies on
-//! its renewals from then on.
+//! replayed. A holder that registers late (its put's event may come before
+//! the grant's answer) finds them among the last [`RECENT`]. Where that
+//! cannot be told (history compacted while the watch was down; a watch made
+//! from now, after a holder's put), the hint fires at once: the renewal
+//! decides, and the lease relies on its renewals from then on.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -13,11 +13,11 @@ impl Redis {
     /// the key keeps the newer value. `Ok(true)` when written.
     ///
     /// One script, one round trip: it compares `token` with the one
-    /// recorded in the key [`fencing_token_key(key)`](Redis::fencing_token_key)
-    /// (`key` followed by `:fencing-token`, no expiry), and sets both. `key` is used as
-    /// given, without the backend's prefix; on a Redis Cluster it must
-    /// carry a hash tag (`report:{daily}`, say), so that both keys share a
-    /// hash slot (else the cluster refuses the script: `CROSSSLOT`). The
+    /// recorded in [`fencing_token_key(key)`](Redis::fencing_token_key) (no
+    /// expiry), and sets both. `key` is used as given, without the
+    /// backend's prefix; on a Redis Cluster it must carry a hash tag
+    /// (`report:{daily}`, say), so that both keys share a hash slot (else
+    /// the cluster refuses the script: `CROSSSLOT`). The
     /// tokens of one key must come from one lease (its
     /// [`fencing_token`](crate::LeaseGuard::fencing_token)s grow with each
     /// acquisition).

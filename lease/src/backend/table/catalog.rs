@@ -100,10 +100,8 @@ pub(super) fn refused(table: &str, problem: &str, fix: &str) -> Error {
 }
 
 #[cfg(any(feature = "postgres", feature = "mysql"))]
-/// `expires_at` is `kind`, without a time zone, in a shared table (see
-/// [`Shape::shared`]): the Go services write `now() + ttl` into it in
-/// their sessions' time zone, which this crate cannot know. `convert`
-/// makes it hold instants.
+/// `expires_at` is `kind`, without a time zone, in a shared table
+/// ([`Shape::shared`]); `convert` makes it hold instants.
 pub(super) fn zoneless_in_shared(table: &str, kind: &str, convert: &str) -> Error {
     refused(
         table,

@@ -46,25 +46,20 @@ const MYSQL_ADD_FENCE: &str =
 // KEY UPDATE.
 const MYSQL_SQL: Templates = Templates {
     // One statement, no RETURNING: the fence comes back as the OK packet's
-    // "last insert id", set with LAST_INSERT_ID(expr):
-    // - a new row inserts fence 1 and sets it to 1;
-    // - on a duplicate key the fence is assigned FIRST (assignments run left
-    //   to right and see earlier assignments), while `holder` and
-    //   `expires_at` still hold the old row's values: if the row is
-    //   acquirable (expired, or ours) the new fence (kept for our own live
-    //   lease unless it is 0, a row the Go services inserted; else + 1) is
-    //   both stored and set as the last insert id, otherwise the fence stays
-    //   and the last insert id is set to 0;
-    // - `holder` and then `expires_at` are changed under the same condition.
-    //   It evaluates the same after `holder` has been changed: if the row was
-    //   acquirable `holder` now equals ours, otherwise nothing changed. The
-    //   expiry never moves earlier (GREATEST; an acquirable row's is in the
-    //   past unless it is ours): `{now}` is the statement's start, before any
-    //   wait for the row's lock, and an attempt of ours that ran late must
-    //   not cut the lease we acquired since (as in pg.rs).
-    // The same values are bound again instead of VALUES(col) (deprecated in
-    // MySQL 8) or a row alias (not in MariaDB). `{clear_value}` is last:
-    // once `holder` is assigned, it is ours iff the row was acquired.
+    // "last insert id", set with LAST_INSERT_ID(expr). A new row inserts
+    // fence 1. On a duplicate key `fence` is assigned first (assignments
+    // run left to right and see earlier ones), while `holder` and
+    // `expires_at` are still the old row's: if the row is acquirable
+    // (expired, or ours), the new fence (kept for our own live lease unless
+    // it is 0, a row the Go services inserted; else + 1) is stored and is
+    // the last insert id; otherwise the fence stays and the id is 0.
+    // `holder`, then `expires_at`, change under the same condition, which
+    // reads the same once `holder` is ours. GREATEST: `{now}` is the
+    // statement's start, before any wait for the row's lock, and a late
+    // attempt of ours must not cut the lease we acquired since (as in pg.rs).
+    // Values are bound again instead of VALUES(col) (deprecated in MySQL 8)
+    // or a row alias (not in MariaDB). `{clear_value_of_ours}` is last: once
+    // `holder` is assigned, it is ours iff the row was acquired.
     acquire: "INSERT INTO {table} (name, holder, expires_at, fence) \
               VALUES (?, ?, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now}), LAST_INSERT_ID(1)) \
               ON DUPLICATE KEY UPDATE \
@@ -74,19 +69,17 @@ const MYSQL_SQL: Templates = Templates {
               holder = IF(expires_at <= {cutoff} OR holder = ?, ?, holder), \
               expires_at = IF(expires_at <= {cutoff} OR holder = ?, \
               GREATEST(expires_at, TIMESTAMPADD(MICROSECOND, ? * 1000{pad}, {now})), expires_at){clear_value_of_ours}",
-    // An acquisition with a slot or a value: one request, a script of three
-    // statements, with its values written in (`:name` ..., see
-    // `MySqlTable::acquire_with`): MySQL has no RETURNING, and an OK packet
-    // carries one number (the last insert id).
+    // With a slot or a value: a script of three statements with its values
+    // written in (see `MySqlTable::acquire_with`), since MySQL has no
+    // RETURNING and an OK packet carries one number (the last insert id).
     // 1. The slot by the server's clock in UTC (UNIX_TIMESTAMP would
-    //    convert from the session's time zone), in a session variable, and
-    //    the slot recorded before, for the log of missed slots.
-    // 2. The decision, as in `acquire`, with the slot's condition (a slot
-    //    at or below the recorded one is refused): the fence, or 0 when
-    //    refused, becomes the last insert id. `last_slot` is assigned last,
-    //    and kept when the slot is not recorded now (retry_failed, or no
-    //    slot); `value` after `holder` and `expires_at`, when the condition
-    //    reads as it did (our holder, a live expiry).
+    //    convert from the session's time zone), and the slot recorded
+    //    before, for the log of missed slots.
+    // 2. The decision, as in `acquire`, refusing a slot at or below the
+    //    recorded one: the fence, or 0, becomes the last insert id.
+    //    `last_slot` is assigned last, and kept when the slot is not
+    //    recorded now (retry_failed, or no slot); `value` after `holder` and
+    //    `expires_at`, while the condition reads as it did.
     // 3. What it did: the last insert id, the slot, the slot recorded
     //    before; for a refusal the row as it is now (a recorded slot never
     //    goes back: if it is at or above ours, our slot has run).
@@ -237,24 +230,23 @@ const MYSQL_COLUMNS: &str = "SELECT CAST(LOWER(c.COLUMN_NAME) AS CHAR), \
 ///
 /// - **Clock.** A lease is live while `expires_at > UTC_TIMESTAMP(6)`.
 /// - **Column types.** `expires_at` may be `DATETIME(p)` in a table not
-///   shared with the Go services (see [`Table`]: they write `NOW() + ttl`
-///   in their session's time zone, which this crate cannot know; a shared
-///   one is refused with [`Error::Schema`](crate::Error::Schema)), or
-///   `TIMESTAMP(p)`, an instant, written and compared with the session's
-///   clock (`NOW(6)`) when the session's time zone is a fixed offset (sqlx
-///   sets `+00:00`) or UTC: with daylight saving time, one hour a year is
-///   ambiguous, and the table is refused. With fewer than 6 fractional
-///   digits, expiries written here are a step later, and every lease counts
-///   as live until a step after its stored expiry, so that rounding never
-///   ends a lease early (a takeover after a crash waits up to a second
-///   longer). In a table made for the Go services, `name` and `holder` are
-///   usually text with a case-insensitive collation: holders must then
-///   differ by more than case and trailing spaces (the default holders do).
+///   shared with the Go services (see [`Table`]; they write `NOW() + ttl`
+///   in their session's time zone, so a shared one is refused with
+///   [`Error::Schema`](crate::Error::Schema)). Or it may be `TIMESTAMP(p)`,
+///   compared with the session's clock (`NOW(6)`), if the session's time
+///   zone is a fixed offset (sqlx sets `+00:00`) or UTC; a zone with
+///   daylight saving time is refused. With fewer than 6 fractional digits,
+///   a takeover after a crash may wait up to a second longer: rounding
+///   never ends a lease early. In a table made for the Go services, `name`
+///   and `holder` are usually text with a case-insensitive collation:
+///   holders must then differ by more than case and trailing spaces (the
+///   default holders do).
 /// - **Transient failures.** An InnoDB deadlock (1213) or lock wait timeout
 ///   (1205), which many replicas inserting a new name at once can cause,
-///   rolled the statement back; it is run again after a short random pause.
-/// - **Waiting.** MySQL cannot push a release: waiters poll, every `ttl/10`
-///   (at most 1 s, at least 10 ms) with ±20% jitter.
+///   rolls the statement back. It is run again after a short random pause,
+///   up to 6 times in all.
+/// - **Waiting.** MySQL cannot push a release: waiters poll
+///   ([`Lease::acquire`](crate::Lease::acquire)).
 ///
 /// For what every table backend does, see [`Table`].
 ///
@@ -296,7 +288,6 @@ impl sealed::SqlDialect for MySqlDialect {
     const TEMPLATES: Templates = MYSQL_SQL;
     const ONE_TTL_PER_BATCH: bool = true;
 
-    /// One query of `information_schema`; see [`MySqlTable`] for the rules.
     async fn inspect(t: &Table<Self>) -> Result<Layout, Error> {
         type MySqlColumnRow = (String, String, Option<i64>, i64, i64, i64, String, String);
         let (schema, name) = match t.table.split_once('.') {

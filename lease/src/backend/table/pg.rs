@@ -39,26 +39,20 @@ const PG_ADD_FENCE: &str =
 // transaction's start), or a step earlier for a coarse column; `{pad}` is
 // added to the expiries written. See `layout`.
 const PG_SQL: Templates = Templates {
-    // One statement: insert a new row, or take over an expired (or released)
-    // row, or extend our own live row. The fence counts acquisitions; only
-    // the idempotent re-acquire of our own live lease keeps it (unless it is
-    // 0: a row the Go services inserted, which has no fence yet). When the
-    // row is held by someone else the WHERE fails and nothing is returned.
+    // Insert a new row, take over an expired (or released) row, or extend
+    // our own live row. Only a re-acquire of our own live lease keeps the
+    // fence (unless it is 0: a row the Go services inserted). Held by
+    // someone else: the WHERE fails and nothing is returned.
     //
-    // The expiry is never moved earlier (GREATEST; an expired or released
-    // row's is in the past anyway): the SELECT reads the clock before ON
-    // CONFLICT waits for the row's lock, so an attempt of ours that its
-    // client gave up on while a checked-in transaction held the row, run
-    // after our next acquisition, would set an expiry older than the one we
-    // count on (`a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier`
-    // in tests/tests/sql_backends/).
+    // GREATEST: the SELECT reads the clock before ON CONFLICT waits for the
+    // row's lock, so a late attempt of ours (given up while a checked-in
+    // transaction held the row) must not cut the lease we acquired since
+    // (`a_late_acquisition_of_the_holder_never_moves_its_expiry_earlier`).
     //
-    // The NOT EXISTS is a plain read that answers "held elsewhere" without
-    // touching the row: ON CONFLICT DO UPDATE locks the conflicting row
-    // before it evaluates its WHERE, and a row lock costs a transaction id,
-    // a WAL record and a WAL flush at commit — for every contender that
-    // finds the lease held, while the holder's release queues behind them.
-    // The locked WHERE below still decides when the read saw a free row.
+    // NOT EXISTS answers "held elsewhere" by a plain read: ON CONFLICT DO
+    // UPDATE locks the row before its WHERE, and a row lock costs every
+    // refused contender a transaction id and a WAL flush, while the
+    // holder's release queues behind them. The locked WHERE still decides.
     acquire: "INSERT INTO {table} AS l (name, holder, expires_at, fence) \
               SELECT $1, $2, clock_timestamp() + $3 * interval '1 millisecond'{pad}, 1 \
               WHERE NOT EXISTS (SELECT 1 FROM {table} \
@@ -256,26 +250,24 @@ pub(crate) async fn create_one_at_a_time(
 /// `CREATE TABLE IF NOT EXISTS` can fail), or from [`PgTable::SCHEMA`].
 ///
 /// - **Clock.** A lease is live while `expires_at > clock_timestamp()`.
-/// - Names containing a NUL byte cannot be stored in a `TEXT` column and
-///   fail with [`Error::Database`](crate::Error::Database).
+/// - A name containing a NUL byte cannot be stored in `TEXT`: it fails with
+///   [`Error::Database`](crate::Error::Database).
 /// - **Column types.** `expires_at` may be `timestamptz` of any precision,
 ///   or `timestamp` in a table not shared with the Go services (see
-///   [`Table`]): they write it in their session's TimeZone, which this
-///   crate cannot know, so a shared one is refused with
-///   [`Error::Schema`](crate::Error::Schema). With fewer than 6 fractional
-///   digits, expiries written here are a step later, and every lease counts
-///   as live until a step after its stored expiry, so that rounding never
-///   ends a lease early (a takeover after a crash waits up to a step longer).
+///   [`Table`]; they write it in their session's TimeZone, so a shared one
+///   is refused with [`Error::Schema`](crate::Error::Schema)). With fewer
+///   than 6 fractional digits, a takeover after a crash may wait up to a
+///   step longer: rounding never ends a lease early.
 /// - **Waiting: releases are pushed.** A release (and a forced one, and a
-///   published value, for observers) notifies the channel
-///   `lease:` and the table name as given to [`with_table`](Table::with_table),
-///   in lower case (`lease:task_leases`), so replicas must spell the table
-///   alike (`public.task_leases` is another channel). The first waiter of a
-///   backend (and its clones) starts a `LISTEN` on a connection of the pool,
-///   kept until 10 s after the last waiter: a waiter acquires about one
-///   round trip after the release. Waiters also poll (every `ttl/10`, at
-///   most 1 s), for an expiry, a release by the Go services, a pooler in
-///   transaction mode, a listener that is down.
+///   published value) notifies the channel `lease:` and the table name as
+///   given to [`with_table`](Table::with_table), in lower case
+///   (`lease:task_leases`). So replicas must spell the table alike
+///   (`public.task_leases` is another channel). One pool connection
+///   listens while waiters wait, and 10 s after; a waiter acquires about
+///   one round trip after the release. Waiters also poll
+///   ([`Lease::acquire`](crate::Lease::acquire)), for an expiry, a release
+///   by the Go services, a pooler in transaction mode, a listener that is
+///   down.
 ///
 /// For what every table backend does, see [`Table`].
 ///
@@ -316,7 +308,6 @@ impl sealed::SqlDialect for PgDialect {
     const ADD_VALUE: &'static str = PG_ADD_VALUE;
     const TEMPLATES: Templates = PG_SQL;
 
-    /// One query of the catalog; see [`PgTable`] for the rules.
     async fn inspect(t: &Table<Self>) -> Result<Layout, Error> {
         type PgColumnRow = (String, String, i32, bool, bool, bool);
         let query = sqlx::query_as(PG_COLUMNS).bind(&*t.table);
@@ -400,11 +391,9 @@ impl sealed::SqlDialect for PgDialect {
         let names: Vec<&str> = leases.iter().map(|l| l.name).collect();
         let ttls: Vec<i64> = leases.iter().map(|l| l.ttl_ms).collect();
         let fences: Vec<Option<i64>> = leases.iter().map(|l| l.fence).collect();
-        // A batch is planned for itself and the table as it is now (an
-        // unnamed statement: one more round trip per batch). Prepared, it
-        // would get a generic plan after five runs, which, made while the
-        // table held a few rows, reads every row once per lease renewed: a
-        // process whose table grew to 100,000 leases took ~20 s per batch
+        // Unnamed, so planned for the table as it is now (one more round
+        // trip). A prepared one gets a generic plan after five runs, made
+        // while the table was small, which reads every row once per lease
         // (`pg_renewals_keep_up_when_the_table_grows`).
         let renewed: Vec<(String, i64)> =
             sqlx::query_as(AssertSqlSafe(t.sql.renew_many[0].clone()))
@@ -444,7 +433,6 @@ impl sealed::SqlDialect for PgDialect {
         Some(database.to_owned())
     }
 
-    /// A notification on the table's channel, or `poll`.
     fn released(
         t: &Table<Self>,
         name: &str,

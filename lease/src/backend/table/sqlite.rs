@@ -54,16 +54,13 @@ const SQLITE_SQL: Templates = Templates {
               fence = CASE WHEN l.holder = excluded.holder AND l.expires_at > {now} \
               THEN l.fence ELSE l.fence + 1 END{clear_value} \
               WHERE l.expires_at <= {now} OR l.holder = excluded.holder RETURNING fence",
-    // An acquisition with a slot or a value: one call, a script of three
-    // statements with its values written in (`:name` ..., see
-    // `SqliteTable::acquire_with`), each row tagged: (0) the slot recorded
-    // before, for the log of missed slots; (1) the upsert that decides, as
-    // `acquire` does with the slot's condition added (a slot at or below
-    // the recorded one is refused), returning the fence when it grants (a
-    // refusal returns nothing); (2) the row as it is then, which says why
-    // it refused (a recorded slot never goes back). The slot (`:slot`) is
-    // computed once, by the caller: SQLite's clock is the host's, and the
-    // three statements must agree on it.
+    // With a slot or a value: a script of three statements with its values
+    // written in (see `SqliteTable::acquire_with`), each row tagged: (0) the
+    // slot recorded before, for the log of missed slots; (1) the upsert that
+    // decides, as `acquire` with the slot's condition, returning the fence
+    // when it grants (nothing when it refuses); (2) the row as it is then,
+    // which says why it refused (a recorded slot never goes back). `:slot`
+    // is computed once, by the caller, so that the three statements agree.
     acquire_with: "SELECT 0, last_slot, NULL FROM {table} WHERE name = :name; \
                    INSERT INTO {table} AS l (name, holder, expires_at, fence, last_slot, value) \
                    VALUES (:name, :holder, {now} + :ttl, 1, \
@@ -161,8 +158,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 ///   with `SQLITE_BUSY`, returned as [`Error::Database`] — a transient
 ///   error, never "held elsewhere".
 /// - **Waiting.** SQLite cannot push a release to other processes: waiters
-///   poll, every `ttl/10` (at most 1 s, at least 10 ms) with ±20% jitter.
-///   Within one [`Lease`](crate::Lease) a release wakes its waiters at once.
+///   poll ([`Lease::acquire`](crate::Lease::acquire)). Within one
+///   [`Lease`](crate::Lease) a release wakes its waiters at once.
 ///
 /// For what every table backend does, see [`Table`].
 ///

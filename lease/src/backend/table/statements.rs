@@ -12,11 +12,9 @@ use super::MAX_BATCH;
 /// nothing).
 pub(super) struct Templates {
     pub(super) acquire: &'static str,
-    /// An acquisition with a slot or a value (it needs both columns):
-    /// PostgreSQL's reads, decides and answers in one statement; MySQL's
-    /// and SQLite's are a script of three (a read, the statement that
-    /// decides, a read of what it did) sent as one request, with the values
-    /// written in ([`script`](super::script)).
+    /// An acquisition with a slot or a value (it needs both columns).
+    /// MySQL's and SQLite's are a script of three statements, with the
+    /// values written in ([`script`](super::script)).
     pub(super) acquire_with: &'static str,
     pub(super) release: &'static str,
     pub(super) release_ran: &'static str,
