@@ -159,10 +159,7 @@ fn wall_now() -> SystemTime {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn ms(n: u64) -> Duration {
-        Duration::from_millis(n)
-    }
+    use crate::test_util::ms;
 
     #[test]
     fn margins_periods_and_limits() {
